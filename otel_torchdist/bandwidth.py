@@ -1,0 +1,54 @@
+"""Message size and bandwidth, exactly as nccl-tests defines them (``doc/PERFORMANCE.md``).
+
+``algbw = S / t`` and ``busbw = algbw * factor(kind, n)``, in GB/s (1e9 bytes per second), where ``S`` is
+nccl-tests' operation size: for all_gather and reduce_scatter the *full* gathered / pre-scatter array, for
+all_to_all the whole send buffer of one rank, for send/recv one direction.
+
+nccl-tests has no gather or scatter test. We treat them like all_gather / reduce_scatter seen from the root
+(``S`` is the whole gathered / scattered array, factor ``(n-1)/n``), which is the fraction of ``S`` that
+must cross the root's link. Barriers move no payload: ``S = 0`` and no bandwidth.
+"""
+
+from __future__ import annotations
+
+ALL_REDUCE = "all_reduce"
+ALL_GATHER = "all_gather"
+REDUCE_SCATTER = "reduce_scatter"
+ALL_TO_ALL = "all_to_all"
+BROADCAST = "broadcast"
+REDUCE = "reduce"
+GATHER = "gather"
+SCATTER = "scatter"
+SEND_RECV = "send_recv"
+BARRIER = "barrier"
+
+KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, REDUCE, GATHER, SCATTER, SEND_RECV, BARRIER)
+
+
+def bus_factor(kind: str, n: int) -> float:
+    """nccl-tests' busbw factor for a collective of ``kind`` over ``n`` ranks."""
+    if n <= 0:
+        raise ValueError(f"group size must be positive, got {n}")
+    if kind == ALL_REDUCE:
+        return 2.0 * (n - 1) / n
+    if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER):
+        return (n - 1) / n
+    if kind in (BROADCAST, REDUCE, SEND_RECV):
+        return 1.0
+    if kind == BARRIER:
+        return 0.0
+    raise ValueError(f"unknown collective kind {kind!r}")
+
+
+def algbw_gbps(message_size: int, seconds: float) -> float | None:
+    """``S / t`` in GB/s; None where it is undefined (no payload or no measurable time)."""
+    if message_size <= 0 or seconds <= 0:
+        return None
+    return message_size / seconds / 1e9
+
+
+def busbw_gbps(kind: str, n: int, message_size: int, seconds: float) -> float | None:
+    alg = algbw_gbps(message_size, seconds)
+    if alg is None or kind == BARRIER:
+        return None
+    return alg * bus_factor(kind, n)

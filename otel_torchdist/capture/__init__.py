@@ -1,0 +1,1 @@
+"""Capture: turn torch.distributed activity into compact records on the hot path."""

@@ -1,0 +1,446 @@
+"""Capture of the c10d Python API: every ``torch.distributed`` collective becomes one :class:`Record`.
+
+Patch sites (see ``../shared/research/pytorch_hooks.md`` for why each is needed):
+
+* the public functions, in **both** ``torch.distributed`` and ``torch.distributed.distributed_c10d``
+  (separate bindings; c10d's internal calls resolve through the latter);
+* ``ProcessGroup.send/recv/recv_anysource``, because ``isend``/``irecv`` must stay the identical objects
+  (``P2POp`` and pipelining compare them by identity), and ``ProcessGroup.broadcast/scatter``, which
+  DTensor reaches through names it imported before we patched;
+* ``_coalescing_manager``: one record for the real coalesced collective issued at the block's exit, none
+  for the calls queued inside it;
+* ``Work.wait``, to complete records of Works that offer no completion future (gloo send/recv);
+* ``init_process_group`` / ``destroy_process_group``, to learn this rank's identity and to flush.
+
+Every wrapper takes the cheap exits first: under ``torch.compile`` tracing it calls straight through (no
+graph break: Dynamo inlines it and still remaps the original), and a call nested inside another captured
+call is not recorded again (the outermost call owns the record). The collective's result and exceptions
+pass through untouched; a failure to describe a call is counted and the call proceeds unrecorded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import sys
+from collections.abc import Callable
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from opentelemetry import trace as _trace
+
+from .. import bandwidth as bw
+from .. import health
+from .. import names as n
+from ..patching import Patch
+from . import completion, groups
+from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
+from .record import TLS, Record, complete, error_info, push
+
+_is_compiling = torch.compiler.is_compiling
+_get_current_span = _trace.get_current_span
+_world = c10d._world
+
+SOURCE_C10D = "c10d"
+SOURCE_PG = "process_group"
+SOURCE_COALESCING = "coalescing_manager"
+
+
+def _parent_context():
+    ctx = _get_current_span().get_span_context()
+    return ctx if ctx.is_valid else None
+
+
+def _in_coalescing(group: Any) -> bool:
+    state = _world.pg_coalesce_state
+    if not state:
+        return False
+    return (group if group is not None else _world.default_pg) in state
+
+
+# ------------------------------------------------------------------------------------ function wrappers
+def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], Record | None]:
+    """Build the extraction for one op: (args, kwargs) -> a Record without times, or None to pass."""
+    ig = binder.index(spec.group)
+    ia = binder.index(spec.async_param)
+    ir = binder.index(spec.redop)
+    root = (binder.index(spec.root[0]), binder.index(spec.root[1])) if spec.root else None
+    peer = (binder.index(spec.peer[0]), binder.index(spec.peer[1])) if spec.peer else None
+    payload = tuple(binder.index(p) for p in spec.payload)
+    single = len(payload) == 1 and spec.size in ("sum", "times_n")
+    ip = payload[0] if payload else None
+    op, kind, size = spec.name, spec.kind, spec.size
+
+    def begin(args: tuple, kwargs: dict) -> Record | None:
+        v = binder.bind(args, kwargs)
+        if size == "batch":
+            p2p_ops = v[ip]
+            group = p2p_ops[0].group if p2p_ops else None
+        else:
+            group = v[ig] if ig is not None else None
+        if _in_coalescing(group):
+            return None  # queued by _coalescing_manager; its exit is what gets recorded
+        gi = groups.info(group)
+        if gi is None:
+            return None
+        rec = Record(op, kind, SOURCE_C10D, gi, 0)
+        if single:
+            x = v[ip]
+            if isinstance(x, torch.Tensor):
+                describe_tensor(x, rec)
+            else:
+                describe((x,), rec)
+            if size == "times_n":
+                rec.nbytes *= gi.size
+        elif size == "sum":
+            describe([v[i] for i in payload], rec)
+        elif size == "inner":
+            rec.collect_inner = True
+        elif size == "batch":
+            describe_batch(v[ip], rec)
+            rec.async_op = True
+        if ia is not None:
+            rec.async_op = bool(v[ia])
+        if ir is not None:
+            rec.redop = v[ir]
+        if root is not None:
+            rec.root = (v[root[0]], v[root[1]] if root[1] is not None else None)
+        if peer is not None:
+            rec.peer = (v[peer[0]], v[peer[1]] if peer[1] is not None else None)
+        rec.parent = _parent_context()
+        return rec
+
+    return begin
+
+
+def _inner_size(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], int]:
+    """The message size a nested call adds to an outer ``inner``-sized record (object collectives)."""
+    payload = tuple(binder.index(p) for p in spec.payload)
+    ig = binder.index(spec.group)
+
+    def size(args: tuple, kwargs: dict) -> int:
+        v = binder.bind(args, kwargs)
+        probe = Record("", "", "", None, 0)
+        describe([v[i] for i in payload], probe)
+        if spec.size == "times_n":
+            gi = groups.info(v[ig] if ig is not None else None)
+            return probe.nbytes * (gi.size if gi else 1)
+        return probe.nbytes
+
+    return size
+
+
+def _finish(rec: Record, result: Any) -> None:
+    """Called right after the original returned: attach the sequence number and the completion."""
+    gi = rec.group
+    rec.seq = gi.next_seq()
+    if rec.collect_inner:
+        complete(rec, n.END_RETURN)  # object collectives copy to host: they return complete
+        return
+    if gi.completion == groups.COMPLETION_NCCL_HOOK and rec.kind != bw.SEND_RECV:
+        with gi.lock:
+            gi.pending[rec.seq] = rec
+        return
+    if gi.completion == groups.COMPLETION_ENQUEUE:
+        complete(rec, n.END_ENQUEUE)
+        return
+    if rec.async_op:
+        completion.track(rec, result if isinstance(result, list) else [result])
+    else:
+        complete(rec, n.END_RETURN)
+
+
+def _fail(rec: Record, exc: BaseException) -> None:
+    rec.error = error_info(exc)
+    complete(rec, n.END_RETURN)
+
+
+def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
+    binder = Binder(spec, orig)
+    begin = _make_begin(spec, binder)
+    inner_size = _inner_size(spec, binder) if spec.size != "batch" else None
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if _is_compiling():
+            return orig(*args, **kwargs)
+        outer = TLS.outer
+        if outer is not None:
+            if outer.collect_inner and inner_size is not None:
+                try:
+                    outer.nbytes += inner_size(args, kwargs)
+                except Exception as exc:
+                    health.error("capture", f"could not size a nested {spec.name}", exc)
+            return orig(*args, **kwargs)
+        try:
+            rec = begin(args, kwargs)
+        except Exception as exc:
+            health.error("capture", f"could not describe a {spec.name} call", exc)
+            rec = None
+        if rec is None:
+            return orig(*args, **kwargs)
+        TLS.outer = rec
+        rec.t_start = perf_counter_ns()
+        try:
+            result = orig(*args, **kwargs)
+        except BaseException as exc:
+            TLS.outer = None
+            _fail(rec, exc)
+            raise
+        TLS.outer = None
+        try:
+            _finish(rec, result)
+        except Exception as exc:
+            health.error("capture", f"could not complete a {spec.name} record", exc)
+        return result
+
+    wrapper.__otel_torchdist_wrapped__ = orig
+    return wrapper
+
+
+# ------------------------------------------------------------------------------- _coalescing_manager
+_COALESCED = {
+    "all_reduce": ("all_reduce_coalesced", bw.ALL_REDUCE),
+    "all_gather_single": ("all_gather_single_coalesced", bw.ALL_GATHER),
+    "all_gather_into_tensor": ("all_gather_single_coalesced", bw.ALL_GATHER),
+    "reduce_scatter_single": ("reduce_scatter_single_coalesced", bw.REDUCE_SCATTER),
+    "reduce_scatter_tensor": ("reduce_scatter_single_coalesced", bw.REDUCE_SCATTER),
+}
+
+
+def _coalesced_record(group: Any, coll_ops: list) -> Record | None:
+    gi = groups.info(group)
+    if gi is None or not coll_ops:
+        return None
+    first = coll_ops[0]
+    op_name = getattr(first.op, "__name__", "unknown")
+    op, kind = _COALESCED.get(op_name, (op_name + "_coalesced", bw.ALL_REDUCE))
+    rec = Record(op, kind, SOURCE_COALESCING, gi, 0)
+    # S: all_gather counts the gathered output (dst_tensor), the others the input tensor.
+    describe([c.dst_tensor if (kind == bw.ALL_GATHER and c.dst_tensor is not None) else c.tensor for c in coll_ops], rec)
+    rec.redop = first.redop
+    rec.extra = {"coalesced_ops": len(coll_ops)}
+    rec.parent = _parent_context()
+    return rec
+
+
+def wrap_coalescing_manager(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    @contextlib.contextmanager
+    def coalescing_manager(group=None, device=None, async_ops=False):
+        if _is_compiling() or TLS.outer is not None:
+            with orig(group, device, async_ops) as cm:
+                yield cm
+            return
+        inner = orig(group, device, async_ops)
+        cm = inner.__enter__()
+        try:
+            yield cm
+        except BaseException:
+            if not inner.__exit__(*sys.exc_info()):
+                raise
+            return
+        rec = None
+        try:
+            key = group if group is not None else _world.default_pg
+            rec = _coalesced_record(group, list(_world.pg_coalesce_state.get(key, ())))
+        except Exception as exc:
+            health.error("capture", "could not describe a coalesced block", exc)
+        if rec is None:
+            inner.__exit__(None, None, None)
+            return
+        TLS.outer = rec
+        rec.t_start = perf_counter_ns()
+        try:
+            inner.__exit__(None, None, None)
+        except BaseException as exc:
+            TLS.outer = None
+            _fail(rec, exc)
+            raise
+        TLS.outer = None
+        rec.async_op = bool(async_ops)
+        try:
+            _finish(rec, list(cm.works) if async_ops else None)
+        except Exception as exc:
+            health.error("capture", "could not complete a coalesced record", exc)
+
+    coalescing_manager.__otel_torchdist_wrapped__ = orig
+    return coalescing_manager
+
+
+# ------------------------------------------------------------------------------ ProcessGroup methods
+def _first_tensor_list(x: Any) -> list:
+    if isinstance(x, torch.Tensor):
+        return [x]
+    return list(x) if isinstance(x, (list, tuple)) else []
+
+
+def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
+    """``ProcessGroup.send(tensors, dst, tag)`` / ``recv(tensors, src, tag)`` / ``recv_anysource(tensors, tag)``."""
+
+    def make(orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def method(self, *args, **kwargs):
+            if _is_compiling() or TLS.outer is not None:
+                return orig(self, *args, **kwargs)
+            try:
+                rec = None
+                gi = groups.info(self)
+                if gi is not None and args:
+                    rec = Record(op, bw.SEND_RECV, SOURCE_PG, gi, 0)
+                    describe(_first_tensor_list(args[0]), rec)
+                    rec.async_op = True
+                    if has_peer and len(args) > 1:
+                        rec.peer = (None, args[1])
+                    rec.parent = _parent_context()
+            except Exception as exc:
+                health.error("capture", f"could not describe a ProcessGroup.{orig.__name__} call", exc)
+                rec = None
+            if rec is None:
+                return orig(self, *args, **kwargs)
+            rec.t_start = perf_counter_ns()
+            try:
+                work = orig(self, *args, **kwargs)
+            except BaseException as exc:
+                _fail(rec, exc)
+                raise
+            try:
+                _finish(rec, work)
+            except Exception as exc:
+                health.error("capture", f"could not complete a {op} record", exc)
+            return work
+
+        return method
+
+    return make
+
+
+def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
+    """``ProcessGroup.broadcast`` / ``scatter`` reached directly (DTensor's ``mesh_broadcast``/``mesh_scatter``)."""
+
+    def make(orig: Callable) -> Callable:
+        @functools.wraps(orig)
+        def method(self, *args, **kwargs):
+            if _is_compiling() or TLS.outer is not None:
+                return orig(self, *args, **kwargs)
+            try:
+                rec = None
+                gi = groups.info(self)
+                if gi is not None and args:
+                    rec = Record(op, kind, SOURCE_PG, gi, 0)
+                    describe(_first_tensor_list(args[0]), rec)  # broadcast: the tensor; scatter: outputs
+                    if kind == bw.SCATTER:
+                        rec.nbytes *= gi.size
+                    opts = args[-1]
+                    root = getattr(opts, "rootRank", None)
+                    if root is None and len(args) == 2 and isinstance(args[1], int):
+                        root = args[1]
+                    rec.root = (None, root)
+                    rec.async_op = True
+                    rec.parent = _parent_context()
+            except Exception as exc:
+                health.error("capture", f"could not describe a ProcessGroup.{op} call", exc)
+                rec = None
+            if rec is None:
+                return orig(self, *args, **kwargs)
+            rec.t_start = perf_counter_ns()
+            try:
+                work = orig(self, *args, **kwargs)
+            except BaseException as exc:
+                _fail(rec, exc)
+                raise
+            try:
+                _finish(rec, work)
+            except Exception as exc:
+                health.error("capture", f"could not complete a {op} record", exc)
+            return work
+
+        return method
+
+    return make
+
+
+def _wrap_work_wait(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def wait(self, *args, **kwargs):
+        try:
+            result = orig(self, *args, **kwargs)
+        except BaseException as exc:
+            completion.on_wait_returned(self, exc)
+            raise
+        completion.on_wait_returned(self)
+        return result
+
+    return wait
+
+
+# ----------------------------------------------------------------------------------- lifecycle hooks
+_on_init: list[Callable[[], None]] = []
+_on_destroy: list[Callable[[Any], None]] = []
+
+
+def _wrap_init(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def init_process_group(*args, **kwargs):
+        result = orig(*args, **kwargs)
+        for fn in _on_init:
+            try:
+                fn()
+            except Exception as exc:
+                health.error("identity", "could not finish set-up after init_process_group", exc)
+        return result
+
+    return init_process_group
+
+
+def _wrap_destroy(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def destroy_process_group(group=None):
+        for fn in _on_destroy:
+            try:
+                fn(group)
+            except Exception as exc:
+                health.error("flush", "could not flush before destroy_process_group", exc)
+        try:
+            return orig(group)
+        finally:
+            if group is None or group is _world.default_pg:
+                groups.forget_all()
+            else:
+                groups.forget(group)
+
+    return destroy_process_group
+
+
+# --------------------------------------------------------------------------------------- patch table
+NAMESPACES = (dist, c10d)
+
+
+def _function_patch(spec: OpSpec) -> Callable[[Any], Any]:
+    return lambda orig: wrap_function(spec, orig)
+
+
+def patches() -> list[Patch]:
+    table: list[Patch] = []
+    for ns in NAMESPACES:
+        for spec in C10D_OPS:
+            table.append(Patch(ns, spec.name, _function_patch(spec)))
+        table.append(Patch(ns, "_coalescing_manager", wrap_coalescing_manager))
+        table.append(Patch(ns, "init_process_group", _wrap_init))
+        table.append(Patch(ns, "destroy_process_group", _wrap_destroy))
+    pg = c10d.ProcessGroup
+    table += [
+        Patch(pg, "send", _pg_p2p("isend", True)),
+        Patch(pg, "recv", _pg_p2p("irecv", True)),
+        Patch(pg, "recv_anysource", _pg_p2p("irecv", False)),
+        Patch(pg, "broadcast", _pg_rooted("broadcast", bw.BROADCAST)),
+        Patch(pg, "scatter", _pg_rooted("scatter", bw.SCATTER)),
+        Patch(c10d.Work, "wait", _wrap_work_wait),
+    ]
+    return table
+
+
+__all__ = ["patches", "OPS_BY_NAME", "REQUIRED", "push"]

@@ -1,0 +1,157 @@
+"""What we know about each process group, computed once per group and looked up by the hot path."""
+
+from __future__ import annotations
+
+import itertools
+import logging
+import threading
+from typing import Any
+
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+_log = logging.getLogger(__name__)
+
+SMALL_GROUP = 16  # member ranks are listed on spans for groups up to this size
+
+# How completion of an async collective can be observed on a backend.
+COMPLETION_FUTURE = "future"  # Work.get_future() completes when the collective does (gloo, mpi, ucc, fake)
+COMPLETION_NCCL_HOOK = "nccl_hook"  # ProcessGroupNCCL's on-completion hook with CUDA-event timing
+COMPLETION_ENQUEUE = "enqueue"  # GPU backends without completion timing: only the launch is observable
+
+
+class GroupInfo:
+    __slots__ = (
+        "pg",
+        "name",
+        "desc",
+        "label",
+        "size",
+        "rank",
+        "backend",
+        "ranks",
+        "global_ranks",
+        "seq_supported",
+        "own_seq",
+        "completion",
+        "pending",
+        "lock",
+    )
+
+    def __init__(self, pg: Any) -> None:
+        self.pg = pg
+        self.name = _safe(lambda: pg.group_name, "?")
+        self.desc = _safe(lambda: pg.group_desc, "")
+        self.size = _safe(pg.size, 0)
+        self.rank = _safe(pg.rank, -1)
+        self.backend = _safe(lambda: str(dist.get_backend(pg)), "unknown")
+        self.global_ranks: tuple[int, ...] = tuple(_safe(lambda: dist.get_process_group_ranks(pg), ()))
+        self.ranks = self.global_ranks if self.size <= SMALL_GROUP else None
+        self.label = ""
+        try:
+            pg._get_sequence_number_for_group()
+            self.seq_supported = True
+        except Exception:
+            self.seq_supported = False  # e.g. the fake backend; we count ourselves
+        self.own_seq = itertools.count(1)
+        self.completion = COMPLETION_ENQUEUE if _is_gpu_backend(self.backend) else COMPLETION_FUTURE
+        self.pending: dict[int, Any] = {}  # seq -> Record, for completion hooks joined on sequence number
+        self.lock = threading.Lock()
+
+    def next_seq(self) -> int | None:
+        """The sequence number of the collective just issued on this group."""
+        if self.seq_supported:
+            try:
+                return self.pg._get_sequence_number_for_group()
+            except Exception:
+                self.seq_supported = False
+        return next(self.own_seq)
+
+    def global_rank(self, group_rank: int | None) -> int | None:
+        if group_rank is None:
+            return None
+        if 0 <= group_rank < len(self.global_ranks):
+            return self.global_ranks[group_rank]
+        return group_rank
+
+
+def _is_gpu_backend(backend: str) -> bool:
+    return any(b in backend for b in ("nccl", "xccl", "hccl", "rccl"))
+
+
+def _safe(fn, default):
+    try:
+        return fn()
+    except Exception:
+        return default
+
+
+_groups: dict[Any, GroupInfo] = {}
+_labels: set[str] = set()
+_lock = threading.Lock()
+
+
+def info(pg: Any) -> GroupInfo | None:
+    """GroupInfo for ``pg`` (the default group when None); cheap after the first call.
+
+    None when there is no such group (not initialized, or this rank is not a member): the call will then
+    fail or do nothing on its own, and there is nothing to record.
+    """
+    if pg is None:
+        pg = c10d._world.default_pg
+        if pg is None:
+            return None
+    gi = _groups.get(pg)
+    if gi is not None:
+        return gi
+    if pg is c10d.GroupMember.NON_GROUP_MEMBER or not isinstance(pg, c10d.ProcessGroup):
+        return None
+    with _lock:
+        gi = _groups.get(pg)
+        if gi is None:
+            gi = GroupInfo(pg)
+            gi.label = _unique_label(gi)
+            _attach_completion(gi)
+            _groups[pg] = gi
+    return gi
+
+
+def _unique_label(gi: GroupInfo) -> str:
+    base = gi.desc if gi.desc and gi.desc != "undefined" else f"pg{gi.name}"
+    label = base if base not in _labels else f"{base}:{gi.name}"
+    _labels.add(label)
+    return label
+
+
+def forget(pg: Any) -> None:
+    """Drop a destroyed group (its id may be reused)."""
+    with _lock:
+        gi = _groups.pop(pg, None)
+        if gi is not None:
+            _labels.discard(gi.label)
+
+
+def forget_all() -> None:
+    with _lock:
+        _groups.clear()
+        _labels.clear()
+
+
+def all_groups() -> list[GroupInfo]:
+    return list(_groups.values())
+
+
+_completion_attachers: list[Any] = []
+
+
+def register_completion_attacher(fn) -> None:
+    """``fn(GroupInfo)`` may switch a group to a better completion strategy (the NCCL hook)."""
+    _completion_attachers.append(fn)
+
+
+def _attach_completion(gi: GroupInfo) -> None:
+    for fn in _completion_attachers:
+        try:
+            fn(gi)
+        except Exception:
+            _log.debug("completion attacher failed for group %s", gi.name, exc_info=True)

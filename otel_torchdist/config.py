@@ -1,0 +1,438 @@
+"""Configuration: keyword options to ``instrument()`` > environment variables > defaults.
+
+Every knob is a field of :class:`Config` below, documented where it is defined, with the environment
+variable that sets it. Standard ``OTEL_*`` variables mean what the OpenTelemetry specification (and, where
+the two differ, the OpenTelemetry Python SDK running in the same process) says they mean. Variables that
+only otel-torchdist reads share the prefix ``OTEL_TORCHDIST_``.
+
+The environment is read once, when ``instrument()`` is called. A value that cannot be parsed raises
+``ValueError`` naming the variable (or the keyword option) and what was expected; nothing is silently
+replaced by a default.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import urllib.parse
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+PREFIX = "OTEL_TORCHDIST_"
+
+TRACES_EXPORTERS = ("otlp", "file", "console", "none")
+METRICS_EXPORTERS = ("otlp", "file", "prometheus", "console", "none")
+PROTOCOLS = ("grpc", "http/protobuf", "http/json")
+COMPRESSIONS = ("none", "gzip")
+SAMPLERS = (
+    "always_on",
+    "always_off",
+    "traceidratio",
+    "parentbased_always_on",
+    "parentbased_always_off",
+    "parentbased_traceidratio",
+)
+SUMMARY_MODES = ("rank0", "all", "none")
+
+
+@dataclass(kw_only=True)
+class Config:
+    service_name: str = "torch-distributed"
+    """``service.name`` of every rank's resource. Env: ``OTEL_SERVICE_NAME`` (wins over a ``service.name``
+    given in ``OTEL_RESOURCE_ATTRIBUTES``)."""
+
+    resource_attributes: dict[str, str] = field(default_factory=dict)
+    """Extra resource attributes. Env: ``OTEL_RESOURCE_ATTRIBUTES`` (``k=v,k2=v2``, values URL-decoded).
+    The keyword option is merged over the variable."""
+
+    endpoint: str | None = None
+    """OTLP endpoint for traces and metrics. Env: ``OTEL_EXPORTER_OTLP_ENDPOINT``. For HTTP the signal path
+    (``/v1/traces``, ``/v1/metrics``) is appended. With no endpoint at all, telemetry goes to the run folder
+    (see ``run_dir``)."""
+
+    traces_endpoint: str | None = None
+    """Env: ``OTEL_EXPORTER_OTLP_TRACES_ENDPOINT``; used as given (no path appended), per the spec."""
+
+    metrics_endpoint: str | None = None
+    """Env: ``OTEL_EXPORTER_OTLP_METRICS_ENDPOINT``; used as given (no path appended), per the spec."""
+
+    protocol: str = "http/protobuf"
+    """``grpc``, ``http/protobuf`` or ``http/json``. Env: ``OTEL_EXPORTER_OTLP_PROTOCOL`` (and the per-signal
+    ``OTEL_EXPORTER_OTLP_TRACES_PROTOCOL`` / ``..._METRICS_PROTOCOL``). The spec's default is http/protobuf
+    (port 4318); the Collector's gRPC port is 4317."""
+
+    traces_protocol: str | None = None
+    metrics_protocol: str | None = None
+
+    headers: dict[str, str] = field(default_factory=dict)
+    """Headers sent with every OTLP request (auth tokens). Env: ``OTEL_EXPORTER_OTLP_HEADERS`` (``k=v,k2=v2``,
+    URL-decoded), merged under the per-signal ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_HEADERS``."""
+
+    traces_headers: dict[str, str] = field(default_factory=dict)
+    metrics_headers: dict[str, str] = field(default_factory=dict)
+
+    timeout: float = 10.0
+    """Seconds one OTLP export may take before it is abandoned (and its batch counted as dropped).
+    Env: ``OTEL_EXPORTER_OTLP_TIMEOUT``. In seconds, as the OpenTelemetry Python SDK in the same process reads
+    it (the spec says milliseconds; both parties must agree on one meaning)."""
+
+    compression: str = "none"
+    """``gzip`` or ``none``. Env: ``OTEL_EXPORTER_OTLP_COMPRESSION``."""
+
+    certificate: str | None = None
+    """CA bundle to verify a TLS endpoint. Env: ``OTEL_EXPORTER_OTLP_CERTIFICATE``."""
+
+    client_key: str | None = None
+    """Client key for mTLS. Env: ``OTEL_EXPORTER_OTLP_CLIENT_KEY``."""
+
+    client_certificate: str | None = None
+    """Client certificate for mTLS. Env: ``OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE``."""
+
+    insecure: bool | None = None
+    """gRPC only: plaintext even without an ``http://`` scheme. Env: ``OTEL_EXPORTER_OTLP_INSECURE``."""
+
+    traces_exporter: str | None = None
+    """Where spans go: ``otlp``, ``file`` (OTLP JSON lines in the run folder), ``console`` or ``none``.
+    Env: ``OTEL_TRACES_EXPORTER``. Default: ``otlp`` when an endpoint is configured, else ``file``."""
+
+    metrics_exporter: tuple[str, ...] | None = None
+    """Where metrics go, any of ``otlp``, ``file``, ``prometheus``, ``console`` or ``none``
+    (comma-separated in the env). Env: ``OTEL_METRICS_EXPORTER``. Default: ``otlp`` when an endpoint is
+    configured, else ``file``; plus ``prometheus``."""
+
+    traces_sampler: str = "parentbased_always_on"
+    """Which traces to keep. Env: ``OTEL_TRACES_SAMPLER``. The decision is a pure function of the trace id,
+    so every rank keeps the same traces. Sampling never thins the metrics."""
+
+    traces_sampler_arg: float = 1.0
+    """Ratio for the ``*traceidratio`` samplers, 0..1. Env: ``OTEL_TRACES_SAMPLER_ARG``."""
+
+    metric_export_interval: float = 60.0
+    """Seconds between pushes of metrics to OTLP or the run folder. Env: ``OTEL_METRIC_EXPORT_INTERVAL``
+    (milliseconds, per the spec). The Prometheus endpoint is always current."""
+
+    span_schedule_delay: float = 5.0
+    """Seconds between span batch exports. Env: ``OTEL_BSP_SCHEDULE_DELAY`` (milliseconds)."""
+
+    span_queue_size: int = 2048
+    """Spans waiting for export at most; beyond it spans are dropped and counted
+    (``torchdist_telemetry_dropped_total{kind="span"}``). Env: ``OTEL_BSP_MAX_QUEUE_SIZE``."""
+
+    span_batch_size: int = 512
+    """Spans per export request at most. Env: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``."""
+
+    prometheus_host: str = "0.0.0.0"
+    """Address the per-rank ``/metrics`` endpoint binds. Env: ``OTEL_EXPORTER_PROMETHEUS_HOST``.
+    Default all interfaces: training nodes are normally scraped by a Prometheus on another host, and the
+    endpoint only shows op names, sizes and timings (never tensor contents). Set ``127.0.0.1`` to keep it
+    local."""
+
+    prometheus_port: int = 9464
+    """Base port of ``/metrics``; each rank listens on base + local rank. Env:
+    ``OTEL_EXPORTER_PROMETHEUS_PORT``. If the port is taken the rank warns and falls back to a free port,
+    which it writes to the run folder's Prometheus target file. ``0`` always picks a free port."""
+
+    disabled: bool = False
+    """Make ``instrument()`` a no-op. Env: ``OTEL_SDK_DISABLED``."""
+
+    run_dir: str = "otel-torchdist-runs"
+    """Root of the run folders: each run writes ``<run_dir>/<run id>/`` (resource, Prometheus targets,
+    summary, and the OTLP JSON lines of the file exporters). Env: ``OTEL_TORCHDIST_RUN_DIR``."""
+
+    run_id: str | None = None
+    """The run id shared by all ranks of one job. Env: ``OTEL_TORCHDIST_RUN_ID``; else ``TORCHELASTIC_RUN_ID``
+    or ``SLURM_JOB_ID`` when set; else rank 0 makes one and shares it through the process group's store."""
+
+    max_queued_records: int = 65536
+    """Collective records waiting for the background thread at most; beyond it they are dropped and counted
+    (``kind="record"``). Env: ``OTEL_TORCHDIST_MAX_QUEUED_RECORDS``."""
+
+    drain_interval: float = 0.2
+    """Seconds between passes of the background thread that turns records into metrics and spans. Env:
+    ``OTEL_TORCHDIST_DRAIN_INTERVAL_MS`` (milliseconds)."""
+
+    flush_timeout: float = 5.0
+    """Seconds ``uninstrument()`` and process exit may spend flushing telemetry, at most. Env:
+    ``OTEL_TORCHDIST_FLUSH_TIMEOUT_MS`` (milliseconds)."""
+
+    metrics_rank_label: bool = True
+    """Put the ``rank`` label on collective metrics. Off, series count no longer grows with world size (the
+    per-rank views need it). Env: ``OTEL_TORCHDIST_METRICS_RANK_LABEL``."""
+
+    summary: str = "rank0"
+    """Who prints the end-of-run summary: ``rank0``, ``all`` or ``none``. Env: ``OTEL_TORCHDIST_SUMMARY``."""
+
+    def validate(self) -> Config:
+        """Check every field; raise ValueError naming the keyword option at fault."""
+        _choice("protocol", self.protocol, PROTOCOLS)
+        for name in ("traces_protocol", "metrics_protocol"):
+            if getattr(self, name) is not None:
+                _choice(name, getattr(self, name), PROTOCOLS)
+        _choice("compression", self.compression, COMPRESSIONS)
+        if self.traces_exporter is not None:
+            _choice("traces_exporter", self.traces_exporter, TRACES_EXPORTERS)
+        if self.metrics_exporter is not None:
+            if isinstance(self.metrics_exporter, str):
+                self.metrics_exporter = _split_list(self.metrics_exporter)
+            for item in self.metrics_exporter:
+                _choice("metrics_exporter", item, METRICS_EXPORTERS)
+        _choice("traces_sampler", self.traces_sampler, SAMPLERS)
+        _number("traces_sampler_arg", self.traces_sampler_arg, 0.0, 1.0)
+        for name in ("endpoint", "traces_endpoint", "metrics_endpoint"):
+            value = getattr(self, name)
+            if value is not None:
+                _check_endpoint(name, value)
+        for name in ("timeout", "metric_export_interval", "span_schedule_delay", "drain_interval", "flush_timeout"):
+            _number(name, getattr(self, name), 0.0, None, exclusive_min=True)
+        for name in ("span_queue_size", "span_batch_size", "max_queued_records"):
+            _integer(name, getattr(self, name), 1)
+        _integer("prometheus_port", self.prometheus_port, 0, 65535)
+        for name in ("service_name", "run_dir", "prometheus_host"):
+            value = getattr(self, name)
+            if not isinstance(value, str) or not value:
+                raise OptionError(name, f"must be a non-empty string, got {value!r}")
+        if self.run_id is not None:
+            _check_run_id("run_id", self.run_id)
+        for name in ("resource_attributes", "headers", "traces_headers", "metrics_headers"):
+            value = getattr(self, name)
+            if not isinstance(value, Mapping) or not all(
+                isinstance(k, str) and isinstance(v, str) for k, v in value.items()
+            ):
+                raise OptionError(name, f"must be a mapping of str to str, got {value!r}")
+        for name in ("disabled", "metrics_rank_label"):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
+        if self.insecure is not None and not isinstance(self.insecure, bool):
+            raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
+        _choice("summary", self.summary, SUMMARY_MODES)
+        return self
+
+    # ---------------------------------------------------------------------------- derived settings
+    def resolved_traces_exporter(self) -> str:
+        if self.traces_exporter is not None:
+            return self.traces_exporter
+        return "otlp" if (self.endpoint or self.traces_endpoint) else "file"
+
+    def resolved_metrics_exporters(self) -> tuple[str, ...]:
+        if self.metrics_exporter is not None:
+            return tuple(x for x in self.metrics_exporter if x != "none")
+        return ("otlp" if (self.endpoint or self.metrics_endpoint) else "file", "prometheus")
+
+
+OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+
+
+def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
+    """Build the configuration: keyword ``options`` over ``environ`` (default ``os.environ``) over defaults."""
+    options = dict(options or {})
+    env = os.environ if environ is None else environ
+    unknown = sorted(set(options) - set(OPTION_NAMES))
+    if unknown:
+        raise TypeError(
+            f"instrument() got unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(OPTION_NAMES)}"
+        )
+    values: dict[str, Any] = {}
+    for var, name, parse in _ENV:
+        raw = env.get(var)
+        if raw is None or raw.strip() == "":
+            continue
+        try:
+            values[name] = parse(raw.strip())
+        except ValueError as exc:
+            raise ValueError(f"{var}={raw!r}: {exc}") from None
+    # OTEL_SERVICE_NAME wins over service.name inside OTEL_RESOURCE_ATTRIBUTES (spec).
+    resource = dict(values.get("resource_attributes", {}))
+    if "service_name" not in values and "service.name" in resource:
+        values["service_name"] = resource["service.name"]
+    resource.pop("service.name", None)
+    values["resource_attributes"] = resource
+    for name in ("resource_attributes", "headers", "traces_headers", "metrics_headers"):
+        if name in options and isinstance(options[name], Mapping) and name in values:
+            options[name] = {**values[name], **options[name]}
+    from_env = {name: (var, env[var]) for var, name, _ in _ENV if var in env and name in values and name not in options}
+    values.update(options)
+    try:
+        return Config(**values).validate()
+    except OptionError as exc:
+        if exc.option in from_env:
+            var, raw = from_env[exc.option]
+            raise ValueError(f"{var}={raw!r}: {exc.reason}") from None
+        raise
+
+
+class OptionError(ValueError):
+    """A bad value, naming the option (``option``) so :func:`load` can name the variable instead."""
+
+    def __init__(self, option: str, reason: str) -> None:
+        super().__init__(f"{option}: {reason}")
+        self.option = option
+        self.reason = reason
+
+
+# ------------------------------------------------------------------------------------------------ parsing
+def _split_list(raw: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in raw.split(",") if x.strip())
+
+
+def _parse_kv(raw: str) -> dict[str, str]:
+    out: dict[str, str] = {}
+    for item in raw.split(","):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        if not sep or not key.strip():
+            raise ValueError(f"expected comma-separated key=value pairs, got item {item.strip()!r}")
+        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+    return out
+
+
+def _parse_bool(raw: str) -> bool:
+    low = raw.lower()
+    if low in ("true", "1", "yes", "on"):
+        return True
+    if low in ("false", "0", "no", "off"):
+        return False
+    raise ValueError("expected true or false")
+
+
+def _parse_ms(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of milliseconds") from None
+    if not value > 0:
+        raise ValueError("expected a positive number of milliseconds")
+    return value / 1000.0
+
+
+def _parse_seconds(raw: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("expected a number of seconds") from None
+    if not value > 0:
+        raise ValueError("expected a positive number of seconds")
+    return value
+
+
+def _parse_int(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise ValueError("expected an integer") from None
+
+
+def _parse_float(raw: str) -> float:
+    try:
+        return float(raw)
+    except ValueError:
+        raise ValueError("expected a number") from None
+
+
+def _parse_choice(choices: tuple[str, ...]):
+    def parse(raw: str) -> str:
+        low = raw.lower()
+        if low not in choices:
+            raise ValueError(f"expected one of {', '.join(choices)}")
+        return low
+
+    return parse
+
+
+def _parse_choice_list(choices: tuple[str, ...]):
+    def parse(raw: str) -> tuple[str, ...]:
+        items = tuple(x.lower() for x in _split_list(raw))
+        bad = [x for x in items if x not in choices]
+        if bad or not items:
+            raise ValueError(f"expected a comma-separated list of {', '.join(choices)}")
+        return items
+
+    return parse
+
+
+def _parse_str(raw: str) -> str:
+    return raw
+
+
+_ENV: tuple[tuple[str, str, Any], ...] = (
+    ("OTEL_SERVICE_NAME", "service_name", _parse_str),
+    ("OTEL_RESOURCE_ATTRIBUTES", "resource_attributes", _parse_kv),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "endpoint", _parse_str),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces_endpoint", _parse_str),
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics_endpoint", _parse_str),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "protocol", _parse_choice(PROTOCOLS)),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "traces_protocol", _parse_choice(PROTOCOLS)),
+    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "metrics_protocol", _parse_choice(PROTOCOLS)),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "headers", _parse_kv),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "traces_headers", _parse_kv),
+    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "metrics_headers", _parse_kv),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "timeout", _parse_seconds),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "compression", _parse_choice(COMPRESSIONS)),
+    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "client_key", _parse_str),
+    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "client_certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_INSECURE", "insecure", _parse_bool),
+    ("OTEL_TRACES_EXPORTER", "traces_exporter", _parse_choice(TRACES_EXPORTERS)),
+    ("OTEL_METRICS_EXPORTER", "metrics_exporter", _parse_choice_list(METRICS_EXPORTERS)),
+    ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_choice(SAMPLERS)),
+    ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _parse_float),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval", _parse_ms),
+    ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _parse_ms),
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "span_queue_size", _parse_int),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "span_batch_size", _parse_int),
+    ("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus_host", _parse_str),
+    ("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus_port", _parse_int),
+    ("OTEL_SDK_DISABLED", "disabled", _parse_bool),
+    (PREFIX + "RUN_DIR", "run_dir", _parse_str),
+    (PREFIX + "RUN_ID", "run_id", _parse_str),
+    (PREFIX + "MAX_QUEUED_RECORDS", "max_queued_records", _parse_int),
+    (PREFIX + "DRAIN_INTERVAL_MS", "drain_interval", _parse_ms),
+    (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),
+    (PREFIX + "METRICS_RANK_LABEL", "metrics_rank_label", _parse_bool),
+    (PREFIX + "SUMMARY", "summary", _parse_choice(SUMMARY_MODES)),
+)
+
+ENV_VARS = tuple(var for var, _, _ in _ENV)
+"""Every variable :func:`load` reads (the frozen-names test and the docs list them)."""
+
+
+# ------------------------------------------------------------------------------------------------ checks
+def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
+    if value not in choices:
+        raise OptionError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _number(name: str, value: Any, lo: float | None, hi: float | None, exclusive_min: bool = False) -> None:
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
+        raise OptionError(name, f"must be a number, got {value!r}")
+    if lo is not None and (value <= lo if exclusive_min else value < lo):
+        raise OptionError(name, f"must be {'>' if exclusive_min else '>='} {lo}, got {value!r}")
+    if hi is not None and value > hi:
+        raise OptionError(name, f"must be <= {hi}, got {value!r}")
+
+
+def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise OptionError(name, f"must be an integer, got {value!r}")
+    if value < lo or (hi is not None and value > hi):
+        raise OptionError(name, f"must be in [{lo}, {hi if hi is not None else 'inf'}], got {value!r}")
+
+
+def _check_endpoint(name: str, value: Any) -> None:
+    if not isinstance(value, str):
+        raise OptionError(name, f"must be a URL string, got {value!r}")
+    parsed = urllib.parse.urlparse(value if "://" in value else "http://" + value)
+    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+        raise OptionError(name, f"must be an http(s) URL such as http://localhost:4318, got {value!r}")
+    try:
+        parsed.port
+    except ValueError:
+        raise OptionError(name, f"has an invalid port: {value!r}") from None
+
+
+def _check_run_id(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or len(value) > 128:
+        raise OptionError(name, f"must be a non-empty string of at most 128 characters, got {value!r}")
+    if any(not (c.isalnum() or c in "-_.") for c in value):
+        raise OptionError(name, f"may only hold letters, digits, '-', '_' and '.', got {value!r}")

@@ -1,0 +1,1 @@
+"""Where telemetry goes: OTLP over the network, the run folder, Prometheus, the console."""

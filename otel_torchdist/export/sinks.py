@@ -1,0 +1,330 @@
+"""Span and metric sinks: OTLP over HTTP or gRPC, OTLP/JSON lines in the run folder, the console.
+
+A sink never raises and never blocks longer than its timeout. A failed export drops that batch, counts
+it (``torchdist.telemetry.dropped``), and is logged once when the backend starts failing and once when it
+recovers, not once per batch: a dead backend costs training nothing but the counted loss.
+"""
+
+from __future__ import annotations
+
+import gzip
+import logging
+import os
+import sys
+import threading
+import urllib.parse
+from typing import Any
+
+from .. import health
+from .. import otlp
+from ..config import Config
+from ..otlp import MetricData, SpanData
+
+_log = logging.getLogger("otel_torchdist")
+
+
+class Sink:
+    name = "sink"
+
+    def export_spans(self, resource: dict[str, Any], spans: list[SpanData], timeout: float | None = None) -> bool:
+        return True
+
+    def export_metrics(
+        self,
+        resource: dict[str, Any],
+        metrics: list[MetricData],
+        start_ns: int,
+        now_ns: int,
+        timeout: float | None = None,
+    ) -> bool:
+        return True
+
+    def shutdown(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+
+class _FailureLog:
+    """Log the first failure and the recovery of one destination, count everything in between."""
+
+    def __init__(self, what: str) -> None:
+        self.what = what
+        self.failing = False
+        self.failures = 0
+
+    def failed(self, reason: str) -> None:
+        self.failures += 1
+        health.error("export", f"exporting {self.what} failed: {reason}")
+        if not self.failing:
+            self.failing = True
+            _log.warning("otel-torchdist: exporting %s is failing (%s); batches are dropped and counted", self.what, reason)
+
+    def succeeded(self) -> None:
+        if self.failing:
+            self.failing = False
+            _log.warning("otel-torchdist: exporting %s recovered after %d failed export(s)", self.what, self.failures)
+
+
+# ----------------------------------------------------------------------------------------- run folder
+class FileSink(Sink):
+    """OTLP/JSON lines, one ``Export*ServiceRequest`` per line: ``traces.rank<R>.jsonl`` and
+    ``metrics.rank<R>.jsonl`` in the run folder. Appends, so an elastic restart adds to the same files."""
+
+    name = "file"
+
+    def __init__(self, folder: str, rank: int, traces: bool, metrics: bool) -> None:
+        self.folder = folder
+        self.traces_path = os.path.join(folder, f"traces.rank{rank}.jsonl") if traces else None
+        self.metrics_path = os.path.join(folder, f"metrics.rank{rank}.jsonl") if metrics else None
+        self._lock = threading.Lock()
+        self._files: dict[str, Any] = {}
+        self._failures = _FailureLog(f"to {folder}")
+
+    def _write(self, path: str, line: str) -> bool:
+        try:
+            with self._lock:
+                f = self._files.get(path)
+                if f is None:
+                    f = self._files[path] = open(path, "a", encoding="utf-8")
+                f.write(line)
+                f.write("\n")
+                f.flush()
+        except Exception as exc:
+            self._failures.failed(f"{type(exc).__name__}: {exc}")
+            return False
+        self._failures.succeeded()
+        return True
+
+    def export_spans(self, resource, spans, timeout=None):
+        if self.traces_path is None:
+            return True
+        return self._write(self.traces_path, otlp.spans_to_json(resource, spans))
+
+    def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
+        if self.metrics_path is None:
+            return True
+        return self._write(self.metrics_path, otlp.metrics_to_json(resource, metrics, start_ns, now_ns))
+
+    def shutdown(self) -> None:
+        with self._lock:
+            for f in self._files.values():
+                try:
+                    f.close()
+                except Exception:
+                    pass
+            self._files.clear()
+
+    def describe(self) -> str:
+        return f"OTLP/JSON lines in {self.folder}"
+
+
+class ConsoleSink(Sink):
+    """OTLP/JSON to stdout, like the SDK's console exporters."""
+
+    name = "console"
+
+    def __init__(self, traces: bool, metrics: bool) -> None:
+        self.traces = traces
+        self.metrics = metrics
+        self._lock = threading.Lock()
+
+    def _print(self, line: str) -> bool:
+        try:
+            with self._lock:
+                sys.stdout.write(line + "\n")
+                sys.stdout.flush()
+            return True
+        except Exception as exc:
+            health.error("export", "writing telemetry to stdout failed", exc)
+            return False
+
+    def export_spans(self, resource, spans, timeout=None):
+        return self._print(otlp.spans_to_json(resource, spans)) if self.traces else True
+
+    def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
+        return self._print(otlp.metrics_to_json(resource, metrics, start_ns, now_ns)) if self.metrics else True
+
+    def describe(self) -> str:
+        return "stdout (OTLP/JSON)"
+
+
+# ---------------------------------------------------------------------------------------------- OTLP
+def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path: str) -> str:
+    """Per the spec: a signal-specific endpoint is used as is; the generic one gets ``/v1/<signal>`` (HTTP)."""
+    if specific:
+        return specific if "://" in specific else "http://" + specific
+    base = base or ("http://localhost:4317" if protocol == "grpc" else "http://localhost:4318")
+    if "://" not in base:
+        base = "http://" + base
+    if protocol == "grpc":
+        return base
+    return base.rstrip("/") + "/" + path
+
+
+class OtlpHttpSink(Sink):
+    name = "otlp-http"
+
+    def __init__(self, cfg: Config, signal: str, protocol: str) -> None:
+        import requests
+
+        self.signal = signal
+        self.json = protocol == "http/json"
+        specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
+        self.url = _signal_endpoint(cfg.endpoint, specific, protocol, f"v1/{signal}")
+        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
+        headers["Content-Type"] = "application/json" if self.json else "application/x-protobuf"
+        if cfg.compression == "gzip":
+            headers["Content-Encoding"] = "gzip"
+        self.headers = headers
+        self.timeout = cfg.timeout
+        self.gzip = cfg.compression == "gzip"
+        self.session = requests.Session()
+        if cfg.certificate:
+            self.session.verify = cfg.certificate
+        if cfg.client_certificate and cfg.client_key:
+            self.session.cert = (cfg.client_certificate, cfg.client_key)
+        self._failures = _FailureLog(f"{signal} to {self.url}")
+
+    def _post(self, body: bytes, timeout: float | None) -> bool:
+        if self.gzip:
+            body = gzip.compress(body)
+        timeout = self.timeout if timeout is None else min(timeout, self.timeout)
+        try:
+            resp = self.session.post(self.url, data=body, headers=self.headers, timeout=timeout)
+        except Exception as exc:
+            self._failures.failed(f"{type(exc).__name__}: {exc}")
+            return False
+        if 200 <= resp.status_code < 300:
+            self._failures.succeeded()
+            return True
+        self._failures.failed(f"HTTP {resp.status_code} {resp.text[:200]!r}")
+        return False
+
+    def export_spans(self, resource, spans, timeout=None):
+        if self.signal != "traces":
+            return True
+        if self.json:
+            return self._post(otlp.spans_to_json(resource, spans).encode(), timeout)
+        return self._post(otlp.spans_to_proto(resource, spans).SerializeToString(), timeout)
+
+    def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
+        if self.signal != "metrics":
+            return True
+        if self.json:
+            return self._post(otlp.metrics_to_json(resource, metrics, start_ns, now_ns).encode(), timeout)
+        return self._post(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns).SerializeToString(), timeout)
+
+    def shutdown(self) -> None:
+        try:
+            self.session.close()
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return f"OTLP/{'JSON' if self.json else 'protobuf'} over HTTP to {self.url}"
+
+
+class OtlpGrpcSink(Sink):
+    name = "otlp-grpc"
+
+    def __init__(self, cfg: Config, signal: str) -> None:
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+
+        self.signal = signal
+        specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
+        url = _signal_endpoint(cfg.endpoint, specific, "grpc", "")
+        parsed = urllib.parse.urlparse(url)
+        self.target = parsed.netloc or parsed.path
+        insecure = cfg.insecure if cfg.insecure is not None else parsed.scheme == "http"
+        if parsed.scheme == "https":
+            insecure = False
+        compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
+        if insecure:
+            self.channel = grpc.insecure_channel(self.target, compression=compression)
+        else:
+            root = _read(cfg.certificate)
+            key = _read(cfg.client_key)
+            chain = _read(cfg.client_certificate)
+            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+            self.channel = grpc.secure_channel(self.target, creds, compression=compression)
+        if signal == "traces":
+            self.stub = trace_service_pb2_grpc.TraceServiceStub(self.channel)
+        else:
+            self.stub = metrics_service_pb2_grpc.MetricsServiceStub(self.channel)
+        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
+        self.metadata = tuple((k.lower(), v) for k, v in headers.items())
+        self.timeout = cfg.timeout
+        self.insecure = insecure
+        self._failures = _FailureLog(f"{signal} to grpc://{self.target}")
+
+    def _call(self, request, timeout: float | None) -> bool:
+        timeout = self.timeout if timeout is None else min(timeout, self.timeout)
+        try:
+            self.stub.Export(request, metadata=self.metadata, timeout=timeout)
+        except Exception as exc:
+            code = getattr(exc, "code", None)
+            reason = f"{code().name}" if callable(code) else type(exc).__name__
+            details = getattr(exc, "details", None)
+            if callable(details):
+                reason += f": {details()}"
+            self._failures.failed(reason)
+            return False
+        self._failures.succeeded()
+        return True
+
+    def export_spans(self, resource, spans, timeout=None):
+        if self.signal != "traces":
+            return True
+        return self._call(otlp.spans_to_proto(resource, spans), timeout)
+
+    def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
+        if self.signal != "metrics":
+            return True
+        return self._call(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns), timeout)
+
+    def shutdown(self) -> None:
+        try:
+            self.channel.close()
+        except Exception:
+            pass
+
+    def describe(self) -> str:
+        return f"OTLP/gRPC to {'http' if self.insecure else 'https'}://{self.target}"
+
+
+def _read(path: str | None) -> bytes | None:
+    if not path:
+        return None
+    with open(path, "rb") as f:
+        return f.read()
+
+
+def build(cfg: Config, folder: str, rank: int) -> tuple[list[Sink], list[Sink]]:
+    """The span sinks and metric sinks ``cfg`` asks for."""
+    span_sinks: list[Sink] = []
+    metric_sinks: list[Sink] = []
+    traces = cfg.resolved_traces_exporter()
+    metrics = cfg.resolved_metrics_exporters()
+    if traces == "otlp":
+        proto = cfg.traces_protocol or cfg.protocol
+        span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
+    if "otlp" in metrics:
+        proto = cfg.metrics_protocol or cfg.protocol
+        metric_sinks.append(OtlpGrpcSink(cfg, "metrics") if proto == "grpc" else OtlpHttpSink(cfg, "metrics", proto))
+    if traces == "file" or "file" in metrics:
+        sink = FileSink(folder, rank, traces == "file", "file" in metrics)
+        if traces == "file":
+            span_sinks.append(sink)
+        if "file" in metrics:
+            metric_sinks.append(sink)
+    if traces == "console" or "console" in metrics:
+        sink = ConsoleSink(traces == "console", "console" in metrics)
+        if traces == "console":
+            span_sinks.append(sink)
+        if "console" in metrics:
+            metric_sinks.append(sink)
+    return span_sinks, metric_sinks

@@ -1,0 +1,73 @@
+"""Telemetry's own failures: logged once per kind, counted, swallowed.
+
+Everything that can go wrong inside otel-torchdist (an argument we could not describe, a dead backend, a
+full queue) ends here instead of in the training loop. The counts are exported as
+``torchdist.telemetry.errors`` and ``torchdist.telemetry.dropped``.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections import Counter
+
+from .capture import record
+
+log = logging.getLogger("otel_torchdist")
+
+_lock = threading.Lock()
+_errors: Counter[str] = Counter()
+_dropped: Counter[str] = Counter()
+_logged: set[str] = set()
+
+
+def error(kind: str, message: str, exc: BaseException | None = None) -> None:
+    """Count an internal failure of ``kind``; log it the first time only."""
+    with _lock:
+        _errors[kind] += 1
+        first = kind not in _logged
+        _logged.add(kind)
+    if first:
+        log.warning(
+            "otel-torchdist: %s (%s%s); training continues, further %s errors are only counted",
+            message,
+            type(exc).__name__ if exc else kind,
+            f": {exc}" if exc else "",
+            kind,
+        )
+        if exc is not None:
+            log.debug("otel-torchdist %s failure detail", kind, exc_info=exc)
+
+
+def warn_once(key: str, message: str, *args) -> None:
+    with _lock:
+        if key in _logged:
+            return
+        _logged.add(key)
+    log.warning("otel-torchdist: " + message, *args)
+
+
+def dropped(kind: str, n: int = 1) -> None:
+    with _lock:
+        _dropped[kind] += n
+
+
+def errors() -> dict[str, int]:
+    with _lock:
+        return dict(_errors)
+
+
+def drops() -> dict[str, int]:
+    with _lock:
+        out = dict(_dropped)
+    records = record.dropped_records()
+    if records:
+        out["record"] = out.get("record", 0) + records
+    return out
+
+
+def reset() -> None:
+    with _lock:
+        _errors.clear()
+        _dropped.clear()
+        _logged.clear()

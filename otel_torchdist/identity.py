@@ -1,0 +1,165 @@
+"""Who this process is: rank, world, host, and the run id every rank of one job shares.
+
+The run id comes from, in order: the ``run_id`` option / ``OTEL_TORCHDIST_RUN_ID``; ``TORCHELASTIC_RUN_ID``
+(torchrun; ``none`` means unset); ``SLURM_JOB_ID`` (with ``SLURM_STEP_ID`` when set); otherwise rank 0 makes
+one and the others read it from the process group's key-value store. The store is used rather than a
+collective on purpose: it does not advance any group's sequence number or show up among the user's
+collectives.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import secrets
+import socket
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from . import names as n
+from ._version import __version__
+
+_log = logging.getLogger(__name__)
+
+STORE_KEY = "otel_torchdist/run_id"
+STORE_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Identity:
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int | None
+    node_rank: int | None
+    host: str
+    backend: str
+    run_id: str
+    restart_count: int
+    instance_id: str
+    distributed: bool
+    """False when no process group was ever initialized (a single process)."""
+
+
+def new_run_id() -> str:
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + secrets.token_hex(3)
+
+
+def _env_int(name: str) -> int | None:
+    raw = os.environ.get(name)
+    if raw is None or raw == "":
+        return None
+    try:
+        return int(raw)
+    except ValueError:
+        return None
+
+
+def run_id_from_env(configured: str | None) -> str | None:
+    if configured:
+        return configured
+    elastic = os.environ.get("TORCHELASTIC_RUN_ID")
+    if elastic and elastic.lower() != "none":
+        return _sanitize(elastic)
+    slurm = os.environ.get("SLURM_JOB_ID")
+    if slurm:
+        step = os.environ.get("SLURM_STEP_ID")
+        return _sanitize(f"slurm-{slurm}" + (f".{step}" if step else ""))
+    return None
+
+
+def _sanitize(raw: str) -> str:
+    return "".join(c if (c.isalnum() or c in "-_.") else "-" for c in raw)[:128]
+
+
+def _agree_run_id(rank: int) -> str:
+    """Rank 0 proposes a run id; the others read it from the default store (bounded wait)."""
+    from torch.distributed import distributed_c10d as c10d
+
+    store = c10d._get_default_store()
+    if rank == 0:
+        run_id = new_run_id()
+        store.set(STORE_KEY, run_id)
+        return run_id
+    try:
+        store.wait([STORE_KEY], STORE_TIMEOUT)
+        return store.get(STORE_KEY).decode()
+    except Exception as exc:
+        run_id = new_run_id()
+        _log.warning(
+            "otel-torchdist: rank %d could not read the run id from the store (%s); using %s. Set "
+            "OTEL_TORCHDIST_RUN_ID to the same value on every rank to group them.",
+            rank,
+            exc,
+            run_id,
+        )
+        return run_id
+
+
+def resolve(configured_run_id: str | None) -> Identity:
+    """This process's identity, now. Call after ``init_process_group`` when there is one."""
+    restart = _env_int("TORCHELASTIC_RESTART_COUNT") or 0
+    host = socket.gethostname()
+    if dist.is_available() and dist.is_initialized():
+        rank = dist.get_rank()
+        world = dist.get_world_size()
+        backend = str(dist.get_backend())
+        run_id = run_id_from_env(configured_run_id) or _agree_run_id(rank)
+        distributed = True
+    else:
+        rank = _env_int("RANK") or 0
+        world = _env_int("WORLD_SIZE") or 1
+        backend = "none"
+        run_id = run_id_from_env(configured_run_id) or new_run_id()
+        distributed = False
+    local_rank = _env_int("LOCAL_RANK")
+    if local_rank is None:
+        local_rank = rank  # one host (mp.spawn); torchrun always sets LOCAL_RANK
+    node_rank = _env_int("GROUP_RANK")
+    if node_rank is None:
+        node_rank = _env_int("SLURM_NODEID")
+    # Unique per rank and run, and per elastic attempt: a restarted rank is a new instance.
+    instance_id = f"{run_id}-rank{rank}" + (f"-attempt{restart}" if restart else "")
+    return Identity(
+        rank=rank,
+        local_rank=local_rank,
+        world_size=world,
+        local_world_size=_env_int("LOCAL_WORLD_SIZE"),
+        node_rank=node_rank,
+        host=host,
+        backend=backend,
+        run_id=run_id,
+        restart_count=restart,
+        instance_id=instance_id,
+        distributed=distributed,
+    )
+
+
+def resource_attributes(identity: Identity, service_name: str, extra: dict[str, str]) -> dict[str, Any]:
+    attrs: dict[str, Any] = dict(extra)
+    attrs.update(
+        {
+            n.SERVICE_NAME: service_name,
+            n.SERVICE_INSTANCE_ID: identity.instance_id,
+            n.HOST_NAME: identity.host,
+            n.PROCESS_PID: os.getpid(),
+            n.RUN_ID: identity.run_id,
+            n.RANK: identity.rank,
+            n.LOCAL_RANK: identity.local_rank,
+            n.WORLD_SIZE: identity.world_size,
+            n.BACKEND: identity.backend,
+            n.TORCH_VERSION: torch.__version__,
+            n.RESTART_COUNT: identity.restart_count,
+            n.LIBRARY_VERSION: __version__,
+        }
+    )
+    if identity.local_world_size is not None:
+        attrs[n.LOCAL_WORLD_SIZE] = identity.local_world_size
+    if identity.node_rank is not None:
+        attrs[n.NODE_RANK] = identity.node_rank
+    return attrs

@@ -1,0 +1,132 @@
+"""Exact, cheap metric aggregation off the hot path, read by every metric exporter.
+
+The background thread folds each collective record into a per-(op, group) series: a cumulative histogram
+of durations with the latest sampled span as exemplar per bucket, and counters of calls, bytes, bus-bytes
+and errors. Exporters (OTLP push, the run folder, the Prometheus ``/metrics`` endpoint) read snapshots, so
+every exporter shows the same numbers under the same names. Span sampling never thins these.
+"""
+
+from __future__ import annotations
+
+import bisect
+import threading
+from dataclasses import dataclass, field
+
+from . import names as n
+from .otlp import HistogramPoint, MetricData, NumberPoint
+
+BOUNDS = n.DURATION_BUCKETS
+
+
+@dataclass(slots=True)
+class Series:
+    count: int = 0
+    errors: int = 0
+    bytes: int = 0
+    bus_bytes: float = 0.0
+    dur_sum: float = 0.0
+    dur_min: float | None = None
+    dur_max: float | None = None
+    buckets: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS) + 1))
+    exemplars: dict[int, tuple[float, int, int, int]] = field(default_factory=dict)
+
+    def copy(self) -> Series:
+        return Series(
+            self.count,
+            self.errors,
+            self.bytes,
+            self.bus_bytes,
+            self.dur_sum,
+            self.dur_min,
+            self.dur_max,
+            list(self.buckets),
+            dict(self.exemplars),
+        )
+
+
+class MetricStore:
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._series: dict[tuple[str, str], Series] = {}
+
+    def observe(
+        self,
+        op: str,
+        group: str,
+        seconds: float,
+        message_size: int,
+        bus_bytes: float,
+        error: bool,
+        exemplar: tuple[int, int, int] | None = None,  # time_ns, trace_id, span_id of a sampled span
+    ) -> None:
+        key = (op, group)
+        with self._lock:
+            s = self._series.get(key)
+            if s is None:
+                s = self._series[key] = Series()
+            s.count += 1
+            s.bytes += message_size
+            s.bus_bytes += bus_bytes
+            s.dur_sum += seconds
+            if s.dur_min is None or seconds < s.dur_min:
+                s.dur_min = seconds
+            if s.dur_max is None or seconds > s.dur_max:
+                s.dur_max = seconds
+            i = bisect.bisect_left(BOUNDS, seconds)
+            s.buckets[i] += 1
+            if error:
+                s.errors += 1
+            if exemplar is not None:
+                s.exemplars[i] = (seconds, exemplar[0], exemplar[1], exemplar[2])
+
+    def snapshot(self) -> dict[tuple[str, str], Series]:
+        with self._lock:
+            return {k: v.copy() for k, v in self._series.items()}
+
+
+def collective_metrics(
+    snapshot: dict[tuple[str, str], Series], base_labels: dict[str, str]
+) -> list[MetricData]:
+    """The collective metrics of one snapshot as exporter-neutral points."""
+    hist, calls, nbytes, bus, errors = [], [], [], [], []
+    for (op, group), s in sorted(snapshot.items()):
+        labels = {**base_labels, n.M_OP: op, n.M_GROUP: group}
+        hist.append(
+            HistogramPoint(
+                labels,
+                s.count,
+                s.dur_sum,
+                list(s.buckets),
+                BOUNDS,
+                s.dur_min,
+                s.dur_max,
+                [s.exemplars[i] for i in sorted(s.exemplars)],
+            )
+        )
+        calls.append(NumberPoint(labels, s.count))
+        nbytes.append(NumberPoint(labels, s.bytes))
+        bus.append(NumberPoint(labels, int(round(s.bus_bytes))))
+        errors.append(NumberPoint(labels, s.errors))
+    return [
+        MetricData(n.COLLECTIVE_DURATION, hist),
+        MetricData(n.COLLECTIVE_CALLS, calls),
+        MetricData(n.COLLECTIVE_BYTES, nbytes),
+        MetricData(n.COLLECTIVE_BUS_BYTES, bus),
+        MetricData(n.COLLECTIVE_ERRORS, errors),
+    ]
+
+
+def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: dict[str, str]) -> list[MetricData]:
+    """Telemetry's own drops and errors. Always present (zero) so alert rules have a series to watch."""
+    drop_kinds = {"record": 0, "span": 0, "span_batch": 0, "metric_batch": 0, **drops}
+    err_kinds = {"capture": 0, "export": 0, **errors}
+    return [
+        MetricData(
+            n.TELEMETRY_DROPPED,
+            [NumberPoint({**base_labels, n.M_KIND: k}, v) for k, v in sorted(drop_kinds.items())],
+        ),
+        MetricData(
+            n.TELEMETRY_ERRORS,
+            [NumberPoint({**base_labels, n.M_KIND: k}, v) for k, v in sorted(err_kinds.items())],
+        ),
+    ]

@@ -1,0 +1,224 @@
+"""One instrumented process: the patches, the pipeline, the exporters, and their start and end.
+
+Start: patches go in at once (``instrument()`` may come before or after ``init_process_group``). The
+exporters need to know who this rank is and which run it belongs to, so they start when the process
+group exists: right away if it does, otherwise from the patched ``init_process_group``. Until then records
+wait in the (bounded) queue.
+
+End: ``uninstrument()``, ``destroy_process_group()`` and normal process exit (``atexit``, and
+multiprocessing's exit finalizers for ``torch.multiprocessing.spawn`` workers, which skip ``atexit``) all
+flush, each bounded by ``flush_timeout``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import multiprocessing.util
+import os
+import sys
+import threading
+import time
+from typing import Any
+
+from . import health
+from . import names as n
+from . import summary as _summary
+from .capture import c10d, completion, nccl, record
+from .config import Config
+from .export import sinks as _sinks
+from .export.prometheus import PrometheusEndpoint
+from .identity import Identity, resolve, resource_attributes
+from .patching import Patcher
+from .pipeline import Pipeline
+
+_log = logging.getLogger("otel_torchdist")
+
+
+class Runtime:
+    def __init__(self, cfg: Config) -> None:
+        self.cfg = cfg
+        self.patcher = Patcher()
+        self.pipeline = Pipeline(cfg)
+        self.identity: Identity | None = None
+        self.folder: str | None = None
+        self.prometheus: PrometheusEndpoint | None = None
+        self.destinations: list[str] = []
+        self._lock = threading.RLock()
+        self._closed = False
+        self._started_at = time.monotonic()
+
+    # ------------------------------------------------------------------------------------------ start
+    def start(self) -> None:
+        record.set_limit(self.cfg.max_queued_records)
+        self.patcher.apply(c10d.patches())
+        c10d._on_init.append(self.on_process_group)
+        c10d._on_destroy.append(self.on_destroy)
+        self.pipeline.start()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            self.on_process_group()
+
+    def on_process_group(self) -> None:
+        """The process group exists: learn who we are and start exporting."""
+        with self._lock:
+            if self.identity is not None or self._closed:
+                return
+            self._set_identity(resolve(self.cfg.run_id))
+
+    def _set_identity(self, ident: Identity) -> None:
+        cfg = self.cfg
+        self.identity = ident
+        folder = os.path.join(cfg.run_dir, ident.run_id)
+        try:
+            os.makedirs(folder, exist_ok=True)
+        except OSError as exc:
+            health.error("run_folder", f"cannot create the run folder {folder}", exc)
+        self.folder = folder
+        resource = resource_attributes(ident, cfg.service_name, cfg.resource_attributes)
+        labels = {n.M_RUN: ident.run_id}
+        if cfg.metrics_rank_label:
+            labels[n.M_RANK] = str(ident.rank)
+        span_sinks, metric_sinks = _sinks.build(cfg, folder, ident.rank)
+        self.destinations = [f"traces: {s.describe()}" for s in span_sinks]
+        self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
+        if "prometheus" in cfg.resolved_metrics_exporters():
+            self._start_prometheus(ident, labels)
+        self._write_json(f"resource.rank{ident.rank}.json", resource)
+        self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks)
+        self._announce(ident)
+
+    def _start_prometheus(self, ident: Identity, labels: dict[str, str]) -> None:
+        endpoint = PrometheusEndpoint(self.pipeline.metric_data)
+        port = self.cfg.prometheus_port + ident.local_rank if self.cfg.prometheus_port else 0
+        try:
+            endpoint.start(self.cfg.prometheus_host, port if port <= 65535 else 0)
+        except Exception as exc:
+            health.error("prometheus", f"cannot serve /metrics on {self.cfg.prometheus_host}", exc)
+            return
+        self.prometheus = endpoint
+        self.destinations.append(f"metrics: Prometheus {endpoint.url}")
+        if self.folder:
+            try:
+                endpoint.write_target(
+                    os.path.join(self.folder, f"prometheus-targets.rank{ident.rank}.json"),
+                    {"run": ident.run_id, "rank": str(ident.rank)},
+                )
+            except OSError as exc:
+                health.error("run_folder", "cannot write the Prometheus target file", exc)
+
+    def _write_json(self, name: str, doc: Any) -> None:
+        if not self.folder:
+            return
+        try:
+            with open(os.path.join(self.folder, name), "w", encoding="utf-8") as f:
+                json.dump(doc, f, indent=1, default=str)
+        except OSError as exc:
+            health.error("run_folder", f"cannot write {name} in the run folder", exc)
+
+    def _speaks(self, ident: Identity) -> bool:
+        return self.cfg.summary == "all" or (self.cfg.summary == "rank0" and ident.rank == 0)
+
+    def _announce(self, ident: Identity) -> None:
+        msg = (
+            f"otel-torchdist: run {ident.run_id}, rank {ident.rank}/{ident.world_size} ({ident.backend}); "
+            + "; ".join(self.destinations)
+        )
+        if self._speaks(ident):
+            print(msg, file=sys.stderr, flush=True)
+        else:
+            _log.info(msg)
+
+    # -------------------------------------------------------------------------------------------- end
+    def on_destroy(self, group: Any) -> None:
+        from torch.distributed import distributed_c10d as cd
+
+        if group is None or group is cd._world.default_pg:
+            self.flush()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.pipeline.flush(self.cfg.flush_timeout if timeout is None else timeout)
+
+    def close(self, restore: bool = True) -> None:
+        """Flush everything, print the summary, stop threads and servers; with ``restore``, unpatch."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        if restore:
+            self.patcher.restore()
+        for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
+            if fn in hooks:
+                hooks.remove(fn)
+        completion.flush_unfinished()
+        nccl.flush_pending()
+        if self.identity is None:
+            self._set_identity(resolve(self.cfg.run_id))
+        self.pipeline.stop(self.cfg.flush_timeout)
+        self._finish_summary()
+        if self.prometheus is not None:
+            self.prometheus.stop()
+
+    def _finish_summary(self) -> None:
+        ident = self.identity
+        if ident is None:
+            return
+        table = _summary.rows(self.pipeline.store.snapshot())
+        drops = health.drops()
+        errors = health.errors()
+        self._write_json(
+            f"summary.rank{ident.rank}.json",
+            {"run": ident.run_id, "rank": ident.rank, "collectives": table, "dropped": drops, "errors": errors},
+        )
+        if not self._speaks(ident):
+            return
+        footer = [
+            f"telemetry dropped: {sum(drops.values())} ({', '.join(f'{k} {v}' for k, v in drops.items()) or 'none'}); "
+            f"internal errors: {sum(errors.values())}"
+        ]
+        footer += self.destinations
+        if self.folder:
+            footer.append(f"run folder: {os.path.abspath(self.folder)}")
+        header = (
+            f"otel-torchdist summary: run {ident.run_id}, rank {ident.rank} of {ident.world_size} "
+            f"({ident.backend}), {time.monotonic() - self._started_at:.1f} s instrumented"
+        )
+        try:
+            print(_summary.render(header, table, footer), file=sys.stderr, flush=True)
+        except Exception:
+            pass
+
+
+# ---------------------------------------------------------------------------------------- process exit
+_current: list[Runtime] = []
+_exit_hooked = [False]
+
+
+def current() -> Runtime | None:
+    return _current[0] if _current else None
+
+
+def install(rt: Runtime) -> None:
+    _current[:] = [rt]
+    if not _exit_hooked[0]:
+        _exit_hooked[0] = True
+        atexit.register(_at_exit)
+        multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
+
+
+def remove() -> Runtime | None:
+    rt = current()
+    _current.clear()
+    return rt
+
+
+def _at_exit() -> None:
+    rt = current()
+    if rt is None:
+        return
+    try:
+        rt.close(restore=False)
+    except Exception as exc:
+        health.error("flush", "could not flush telemetry at exit", exc)
