@@ -59,6 +59,44 @@ RESOURCE_ATTRIBUTES = (
 )
 
 # --------------------------------------------------------------------------------------------------
+# Span names. A collective's span is named after the API that was called (low cardinality: a fixed set).
+COLLECTIVE_SPAN_NAMES = (
+    "all_reduce",
+    "all_reduce_coalesced",
+    "all_gather",
+    "all_gather_into_tensor",
+    "all_gather_single",
+    "_all_gather_base",
+    "all_gather_coalesced",
+    "all_gather_object",
+    "all_gather_single_coalesced",
+    "reduce_scatter",
+    "reduce_scatter_tensor",
+    "reduce_scatter_single",
+    "_reduce_scatter_base",
+    "reduce_scatter_single_coalesced",
+    "broadcast",
+    "broadcast_object_list",
+    "_broadcast_coalesced",
+    "reduce",
+    "gather",
+    "gather_object",
+    "scatter",
+    "scatter_object_list",
+    "all_to_all",
+    "all_to_all_single",
+    "barrier",
+    "monitored_barrier",
+    "send",
+    "recv",
+    "isend",
+    "irecv",
+    "send_object_list",
+    "recv_object_list",
+    "batch_isend_irecv",
+)
+
+# --------------------------------------------------------------------------------------------------
 # Span attributes of a collective
 COLL_OP = "torchdist.collective.op"  # the API that was called, e.g. all_gather_into_tensor
 COLL_KIND = "torchdist.collective.kind"  # its nccl-tests family, e.g. all_gather

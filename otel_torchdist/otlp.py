@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 from opentelemetry.proto.common.v1 import common_pb2
 from opentelemetry.proto.metrics.v1 import metrics_pb2
-from opentelemetry.proto.trace.v1 import trace_pb2
 
 from . import names as n
+from . import wire
 from ._version import __version__
 
 SPAN_KIND_INTERNAL = 1
@@ -36,10 +35,18 @@ class SpanData:
     parent_span_id: int | None
     start_ns: int
     end_ns: int
-    attributes: dict[str, Any]
+    attributes: list[tuple[str, Any]]  # (key, value) pairs; None values are left out by the producer
+    shared: tuple[tuple[tuple[str, Any], ...], ...] = ()  # blocks of pairs that recur across spans (wire.py)
     error: str | None = None  # status description when the span failed
-    events: list[tuple[str, int, dict[str, Any]]] = field(default_factory=list)
+    events: list[tuple[str, int, list[tuple[str, Any]]]] = field(default_factory=list)
     sampled: bool = True
+
+    def all_attributes(self) -> dict[str, Any]:
+        out: dict[str, Any] = {}
+        for block in self.shared:
+            out.update(block)
+        out.update(self.attributes)
+        return out
 
 
 @dataclass(slots=True)
@@ -91,35 +98,52 @@ def _add_attributes(container, attrs: dict[str, Any]) -> None:
         _set_value(kv.value, value)
 
 
-def spans_to_proto(resource: dict[str, Any], spans: list[SpanData]) -> trace_service_pb2.ExportTraceServiceRequest:
-    req = trace_service_pb2.ExportTraceServiceRequest()
-    rs = req.resource_spans.add()
-    _add_attributes(rs.resource.attributes, resource)
-    ss = rs.scope_spans.add()
-    ss.scope.name = n.SCOPE_NAME
-    ss.scope.version = __version__
-    out = ss.spans
-    for s in spans:
-        p = out.add()
-        p.trace_id = s.trace_id.to_bytes(16, "big")
-        p.span_id = s.span_id.to_bytes(8, "big")
-        if s.parent_span_id:
-            p.parent_span_id = s.parent_span_id.to_bytes(8, "big")
-        p.flags = 0x101 if s.sampled else 0x100  # W3C sampled flag + "has is_remote" bit (not remote)
-        p.name = s.name
-        p.kind = SPAN_KIND_INTERNAL
-        p.start_time_unix_nano = s.start_ns
-        p.end_time_unix_nano = s.end_ns
-        _add_attributes(p.attributes, s.attributes)
-        for name, t, attrs in s.events:
-            ev = p.events.add()
-            ev.name = name
-            ev.time_unix_nano = t
-            _add_attributes(ev.attributes, attrs)
-        if s.error is not None:
-            p.status.code = STATUS_ERROR
-            p.status.message = s.error
-    return req
+_scope_pb = b""
+
+
+def _scope_body() -> bytes:
+    global _scope_pb
+    if not _scope_pb:
+        _scope_pb = wire.length_delimited(1, n.SCOPE_NAME.encode()) + wire.length_delimited(2, __version__.encode())
+    return _scope_pb
+
+
+_name_pb: dict[str, bytes] = {}
+
+
+def span_pb(s: SpanData) -> bytes:
+    """One span, encoded as the ``spans`` field of ``ScopeSpans`` (a fragment of a request)."""
+    name = _name_pb.get(s.name)
+    if name is None:
+        name = _name_pb[s.name] = wire.length_delimited(5, s.name.encode())
+    parts = [
+        b"\x0a\x10" + s.trace_id.to_bytes(16, "big") + b"\x12\x08" + s.span_id.to_bytes(8, "big"),
+        b"\x22\x08" + s.parent_span_id.to_bytes(8, "big") if s.parent_span_id else b"",
+        name,
+        b"\x30\x01\x39" + wire.fixed64(s.start_ns) + b"\x41" + wire.fixed64(s.end_ns),  # kind, start, end
+        b"".join([wire.block_pb(9, block) for block in s.shared]) if s.shared else b"",
+        wire.attributes_pb(9, s.attributes),
+    ]
+    for ev_name, t, attrs in s.events:
+        body = b"\x09" + wire.fixed64(t) + wire.length_delimited(2, ev_name.encode()) + wire.attributes_pb(3, attrs)
+        parts.append(wire.length_delimited(11, body))
+    if s.error is not None:
+        parts.append(wire.length_delimited(15, wire.length_delimited(2, s.error.encode()) + b"\x18\x02"))
+    parts.append(b"\x85\x01" + wire.fixed32(0x101 if s.sampled else 0x100))  # flags (field 16, fixed32)
+    body = b"".join(parts)
+    return b"\x12" + wire.varint(len(body)) + body  # ScopeSpans.spans = 2
+
+
+def trace_request_pb(resource: dict[str, Any], fragments: list[bytes]) -> bytes:
+    """A serialized ``ExportTraceServiceRequest`` around spans already encoded by :func:`span_pb`."""
+    scope_spans = wire.length_delimited(1, _scope_body()) + b"".join(fragments)
+    resource_msg = wire.length_delimited(1, wire.attributes_pb(1, [(k, v) for k, v in resource.items() if v is not None]))
+    resource_spans = resource_msg + wire.length_delimited(2, scope_spans)
+    return wire.length_delimited(1, resource_spans)
+
+
+def spans_to_proto(resource: dict[str, Any], spans: list[SpanData]) -> bytes:
+    return trace_request_pb(resource, [span_pb(s) for s in spans])
 
 
 def metrics_to_proto(
@@ -199,37 +223,42 @@ def _scope() -> dict[str, str]:
     return {"name": n.SCOPE_NAME, "version": __version__}
 
 
+def span_json(s: SpanData) -> str:
+    """One span as an OTLP/JSON object (a fragment of a request)."""
+    attrs = [wire.block_json(block) for block in s.shared if block]
+    attrs += wire.attributes_json(s.attributes)
+    out = (
+        '{"traceId":"%032x","spanId":"%016x",' % (s.trace_id, s.span_id)
+        + ('"parentSpanId":"%016x",' % s.parent_span_id if s.parent_span_id else "")
+        + '"flags":%d,"name":%s,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s]'
+        % (0x101 if s.sampled else 0x100, json.dumps(s.name), s.start_ns, s.end_ns, ",".join(attrs))
+    )
+    if s.events:
+        out += ',"events":[%s]' % ",".join(
+            '{"name":%s,"timeUnixNano":"%d","attributes":[%s]}' % (json.dumps(name), t, ",".join(wire.attributes_json(a)))
+            for name, t, a in s.events
+        )
+    if s.error is not None:
+        out += ',"status":{"code":%d,"message":%s}' % (STATUS_ERROR, json.dumps(s.error))
+    return out + "}"
+
+
+def trace_request_json(resource: dict[str, Any], fragments: list[str]) -> str:
+    """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of a traces file) around :func:`span_json` fragments."""
+    res = ",".join(wire.attributes_json([(k, v) for k, v in resource.items() if v is not None]))
+    scope = '{"name":%s,"version":%s}' % (json.dumps(n.SCOPE_NAME), json.dumps(__version__))
+    return '{"resourceSpans":[{"resource":{"attributes":[%s]},"scopeSpans":[{"scope":%s,"spans":[%s]}]}]}' % (
+        res,
+        scope,
+        ",".join(fragments),
+    )
+
+
 def spans_to_json(resource: dict[str, Any], spans: list[SpanData]) -> str:
-    out = []
-    for s in spans:
-        d: dict[str, Any] = {
-            "traceId": f"{s.trace_id:032x}",
-            "spanId": f"{s.span_id:016x}",
-            "flags": 0x101 if s.sampled else 0x100,
-            "name": s.name,
-            "kind": SPAN_KIND_INTERNAL,
-            "startTimeUnixNano": str(s.start_ns),
-            "endTimeUnixNano": str(s.end_ns),
-            "attributes": _json_attributes(s.attributes),
-        }
-        if s.parent_span_id:
-            d["parentSpanId"] = f"{s.parent_span_id:016x}"
-        if s.events:
-            d["events"] = [
-                {"name": name, "timeUnixNano": str(t), "attributes": _json_attributes(attrs)}
-                for name, t, attrs in s.events
-            ]
-        d["status"] = {"code": STATUS_ERROR, "message": s.error} if s.error is not None else {}
-        out.append(d)
-    doc = {
-        "resourceSpans": [
-            {
-                "resource": {"attributes": _json_attributes(resource)},
-                "scopeSpans": [{"scope": _scope(), "spans": out}],
-            }
-        ]
-    }
-    return json.dumps(doc, separators=(",", ":"))
+    return trace_request_json(resource, [span_json(s) for s in spans])
+
+
+SPAN_ENCODERS = {"pb": span_pb, "json": span_json}
 
 
 def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_ns: int, now_ns: int) -> str:

@@ -21,12 +21,12 @@ from typing import Any
 from . import bandwidth as bw
 from . import health
 from . import names as n
-from .capture import record
-from .capture.record import Record
+from .capture import groups, record
+from .capture import record as R
 from .config import Config
 from .export.sinks import Sink
 from .metrics import MetricStore, collective_metrics, health_metrics
-from .otlp import MetricData, SpanData
+from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
 
@@ -36,7 +36,11 @@ class Pipeline:
         self.cfg = cfg
         self.store = MetricStore()
         self.sampler = Sampler(cfg.traces_sampler, cfg.traces_sampler_arg)
-        self.spans: deque[SpanData] = deque()
+        # Sampled spans wait for export already encoded, one deque per wire format the sinks want
+        # (bytes and str are not tracked by the garbage collector; SpanData objects would be). Until the
+        # sinks are known (before init_process_group) they wait as SpanData in ``pending``.
+        self.pending: deque[SpanData] = deque()
+        self.encoded: dict[str, deque] = {}
         self.span_sinks: list[Sink] = []
         self.metric_sinks: list[Sink] = []
         self.resource: dict[str, Any] | None = None
@@ -62,11 +66,34 @@ class Pipeline:
     def set_destination(
         self, resource: dict[str, Any], base_labels: dict[str, str], span_sinks: list[Sink], metric_sinks: list[Sink]
     ) -> None:
-        self.resource = resource
-        self.base_labels = base_labels
-        self.span_sinks = span_sinks
-        self.metric_sinks = metric_sinks
+        with self._drain_lock:
+            self.resource = resource
+            self.base_labels = base_labels
+            self.span_sinks = span_sinks
+            self.metric_sinks = metric_sinks
+            self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
+            while self.pending:
+                self._enqueue(self.pending.popleft())
         self._wake.set()
+
+    def queued_spans(self) -> int:
+        if self.encoded:
+            return min(len(d) for d in self.encoded.values())
+        return len(self.pending) if self.resource is None else 0
+
+    def _enqueue(self, span: SpanData) -> None:
+        if self.resource is None:
+            self.pending.append(span)
+            return
+        for fmt, queue in self.encoded.items():
+            queue.append(SPAN_ENCODERS[fmt](span))
+
+    def _clear_spans(self) -> int:
+        count = self.queued_spans()
+        self.pending.clear()
+        for queue in self.encoded.values():
+            queue.clear()
+        return count
 
     def stop(self, timeout: float) -> bool:
         """Stop the threads and flush what is left, within ``timeout`` seconds. True if all was sent."""
@@ -77,9 +104,9 @@ class Pipeline:
             t.join(max(0.0, min(1.0, deadline - time.monotonic())))
         self._threads.clear()
         ok = self.flush(max(0.0, deadline - time.monotonic()))
-        if self.spans:
-            health.dropped("span", len(self.spans))  # out of time: what is left is lost, and counted
-            self.spans.clear()
+        left = self._clear_spans()
+        if left:
+            health.dropped("span", left)  # out of time: what is left is lost, and counted
         for sink in {id(s): s for s in self.span_sinks + self.metric_sinks}.values():
             sink.shutdown()
         return ok
@@ -105,19 +132,20 @@ class Pipeline:
                 try:
                     self.process(rec)
                 except Exception as exc:
-                    health.error("pipeline", f"could not process a {rec.op} record", exc)
+                    health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
                 count += 1
         self.processed += count
-        if len(self.spans) >= self.cfg.span_batch_size:
+        if self.queued_spans() >= self.cfg.span_batch_size:
             self._wake.set()
         return count
 
-    def process(self, rec: Record) -> None:
-        gi = rec.group
+    def process(self, rec: tuple) -> None:
+        gi = groups.BY_ID[rec[R.GROUP]]
         seconds = duration_seconds(rec)
-        bus = rec.nbytes * bw.bus_factor(rec.kind, gi.size) if gi.size > 0 else 0.0
-        parent = rec.parent
-        if parent is not None:
+        nbytes = rec[R.NBYTES]
+        bus = nbytes * bw.bus_factor(rec[R.KIND], gi.size) if gi.size > 0 else 0.0
+        parent = rec[R.PARENT].get_span_context() if rec[R.PARENT] is not None else None
+        if parent is not None and parent.is_valid:
             trace_id = parent.trace_id
             parent_span_id = parent.span_id
             sampled = self.sampler.decide(trace_id, bool(parent.trace_flags.sampled))
@@ -127,13 +155,13 @@ class Pipeline:
             sampled = self.sampler.decide(trace_id, None)
         exemplar = None
         if sampled:
-            if len(self.spans) < self.cfg.span_queue_size:
-                span = collective_span(rec, seconds, self.offset_ns, trace_id, parent_span_id, True)
-                self.spans.append(span)
+            if self.queued_spans() < self.cfg.span_queue_size:
+                span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
+                self._enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
             else:
                 health.dropped("span")
-        self.store.observe(rec.op, gi.label, seconds, rec.nbytes, bus, rec.error is not None, exemplar)
+        self.store.observe(rec[R.OP], gi.label, seconds, nbytes, bus, rec[R.ERROR] is not None, exemplar)
 
     # --------------------------------------------------------------------------------------- export
     def _export_loop(self) -> None:
@@ -145,9 +173,8 @@ class Pipeline:
                 continue
             now = time.monotonic()
             try:
-                if len(self.spans) >= cfg.span_batch_size or (
-                    self.spans and now - self._last_spans >= cfg.span_schedule_delay
-                ):
+                queued = self.queued_spans()
+                if queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
                     self._last_spans = now
                     self.export_spans(now + cfg.timeout * 2)
                 if now - self._last_metrics >= cfg.metric_export_interval:
@@ -160,16 +187,17 @@ class Pipeline:
         """Send queued spans in batches until the queue is empty or ``deadline`` (monotonic) passes."""
         ok = True
         with self._export_lock:
-            while self.spans and self.resource is not None:
+            while self.resource is not None and self.encoded:
+                count = min(self.queued_spans(), self.cfg.span_batch_size)
+                if count == 0:
+                    break
                 remaining = deadline - time.monotonic()
                 if remaining <= 0:
                     return False
-                batch = []
-                while self.spans and len(batch) < self.cfg.span_batch_size:
-                    batch.append(self.spans.popleft())
+                batch = {fmt: [queue.popleft() for _ in range(count)] for fmt, queue in self.encoded.items()}
                 for sink in self.span_sinks:
-                    if not sink.export_spans(self.resource, batch, timeout=remaining):
-                        health.dropped("span", len(batch))
+                    if not sink.export_span_fragments(self.resource, batch[sink.span_format], timeout=remaining):
+                        health.dropped("span", count)
                         health.dropped("span_batch")
                         ok = False
         return ok

@@ -7,7 +7,7 @@ from typing import Any
 
 from . import bandwidth as bw
 from . import names as n
-from .capture.record import Record
+from .capture import record as R
 from .otlp import SpanData
 
 _rand = random.Random()
@@ -51,71 +51,108 @@ def _rank_of(gi: Any, pair: tuple[Any, Any] | None) -> int | None:
     return None
 
 
-def duration_seconds(rec: Record) -> float:
-    if rec.gpu_duration_ns is not None:
-        return rec.gpu_duration_ns / 1e9
-    return max(rec.t_end - rec.t_start, 0) / 1e9
+def duration_seconds(rec: tuple) -> float:
+    gpu = rec[R.GPU_NS]
+    if gpu is not None:
+        return gpu / 1e9
+    return max(rec[R.T_END] - rec[R.T_START], 0) / 1e9
 
 
-def collective_attributes(rec: Record, seconds: float) -> dict[str, Any]:
-    gi = rec.group
-    size = gi.size
-    attrs: dict[str, Any] = {
-        n.COLL_OP: rec.op,
-        n.COLL_KIND: rec.kind,
-        n.COLL_BACKEND: gi.backend,
-        n.COLL_GROUP_NAME: gi.name,
-        n.COLL_GROUP_DESC: gi.desc,
-        n.COLL_GROUP_SIZE: size,
-        n.COLL_GROUP_RANK: gi.rank,
-        n.COLL_GROUP_RANKS: list(gi.ranks) if gi.ranks is not None else None,
-        n.COLL_DTYPE: dtype_name(rec.dtype),
-        n.COLL_SHAPES: [str(list(s)) for s in rec.shapes] if rec.shapes else None,
-        n.COLL_NUMEL: rec.numel,
-        n.COLL_TENSORS: rec.ntensors,
-        n.COLL_MESSAGE_SIZE: rec.nbytes,
-        n.COLL_REDUCE_OP: redop_name(rec.redop),
-        n.COLL_ROOT: _rank_of(gi, rec.root),
-        n.COLL_PEER: _rank_of(gi, rec.peer),
-        n.COLL_ASYNC: rec.async_op,
-        n.COLL_SEQ: rec.seq,
-        n.COLL_DURATION: seconds,
-        n.COLL_END_SOURCE: rec.end_source,
-        n.COLL_SOURCE: rec.source,
-    }
-    if rec.kind != bw.BARRIER and size > 0:
-        attrs[n.COLL_ALGBW] = bw.algbw_gbps(rec.nbytes, seconds)
-        attrs[n.COLL_BUSBW] = bw.busbw_gbps(rec.kind, size, rec.nbytes, seconds)
-    extra = rec.extra
+def group_attributes(gi: Any) -> tuple[tuple[str, Any], ...]:
+    """The span attributes every collective of one group shares (built once per group)."""
+    if not gi.span_attrs:
+        pairs = [
+            (n.COLL_BACKEND, gi.backend),
+            (n.COLL_GROUP_NAME, gi.name),
+            (n.COLL_GROUP_DESC, gi.desc),
+            (n.COLL_GROUP_SIZE, gi.size),
+            (n.COLL_GROUP_RANK, gi.rank),
+        ]
+        if gi.ranks is not None:
+            pairs.append((n.COLL_GROUP_RANKS, tuple(gi.ranks)))
+        gi.span_attrs = tuple(pairs)
+    return gi.span_attrs
+
+
+_shapes_text: dict[tuple, tuple[str, ...]] = {}
+
+
+def shapes_text(flat: tuple) -> tuple[str, ...]:
+    """A record's flattened shapes as span attribute values, e.g. ("[1024, 512]", "[512]")."""
+    text = _shapes_text.get(flat)
+    if text is None:
+        text = tuple(str(list(s)) for s in R.iter_shapes(flat))
+        if len(_shapes_text) < 65536:
+            _shapes_text[flat] = text
+    return text
+
+
+def collective_attributes(rec: tuple, gi: Any, seconds: float) -> tuple[tuple, list[tuple[str, Any]]]:
+    """A record's own span attributes: the block that recurs for the same call site, and the rest."""
+    kind = rec[R.KIND]
+    nbytes = rec[R.NBYTES]
+    static: list[tuple[str, Any]] = [(n.COLL_OP, rec[R.OP]), (n.COLL_KIND, kind)]
+    if rec[R.DTYPE] is not None:
+        static.append((n.COLL_DTYPE, dtype_name(rec[R.DTYPE])))
+    if rec[R.SHAPES]:
+        static.append((n.COLL_SHAPES, shapes_text(rec[R.SHAPES])))
+    static += [(n.COLL_NUMEL, rec[R.NUMEL]), (n.COLL_TENSORS, rec[R.NTENSORS]), (n.COLL_MESSAGE_SIZE, nbytes)]
+    if rec[R.REDOP] is not None:
+        static.append((n.COLL_REDUCE_OP, redop_name(rec[R.REDOP])))
+    root = _rank_of(gi, rec[R.ROOT])
+    if root is not None:
+        static.append((n.COLL_ROOT, root))
+    peer = _rank_of(gi, rec[R.PEER])
+    if peer is not None:
+        static.append((n.COLL_PEER, peer))
+    static += [(n.COLL_ASYNC, rec[R.ASYNC]), (n.COLL_END_SOURCE, rec[R.END]), (n.COLL_SOURCE, rec[R.SOURCE])]
+    extra = rec[R.EXTRA]
     if extra:
-        if "bytes_sent" in extra:
-            attrs[n.COLL_BYTES_SENT] = extra["bytes_sent"]
-            attrs[n.COLL_BYTES_RECEIVED] = extra["bytes_received"]
-            attrs[n.COLL_PEERS] = [f"{kind}:{peer}" for kind, peer in extra["peers"]]
-        if "coalesced_ops" in extra:
-            attrs[n.COLL_COALESCED_OPS] = extra["coalesced_ops"]
-    if rec.error is not None:
-        attrs[n.ERROR_TYPE] = rec.error[0]
-    return attrs
+        for i in range(0, len(extra), 2):
+            key, value = extra[i], extra[i + 1]
+            static.append((_EXTRA_KEYS[key], tuple(value.split(",")) if key == "peers" else value))
+    if rec[R.ERROR] is not None:
+        static.append((n.ERROR_TYPE, rec[R.ERROR][0]))
+    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)]
+    if rec[R.SEQ] is not None:
+        dynamic.append((n.COLL_SEQ, rec[R.SEQ]))
+    size = gi.size
+    if kind != bw.BARRIER and size > 0:
+        alg = bw.algbw_gbps(nbytes, seconds)
+        if alg is not None:
+            dynamic.append((n.COLL_ALGBW, alg))
+            dynamic.append((n.COLL_BUSBW, alg * bw.bus_factor(kind, size)))
+    return tuple(static), dynamic
+
+
+_EXTRA_KEYS = {
+    "bytes_sent": n.COLL_BYTES_SENT,
+    "bytes_received": n.COLL_BYTES_RECEIVED,
+    "peers": n.COLL_PEERS,
+    "coalesced_ops": n.COLL_COALESCED_OPS,
+}
 
 
 def collective_span(
-    rec: Record, seconds: float, offset_ns: int, trace_id: int, parent_span_id: int | None, sampled: bool
+    rec: tuple, gi: Any, seconds: float, offset_ns: int, trace_id: int, parent_span_id: int | None, sampled: bool
 ) -> SpanData:
-    start = rec.t_start + offset_ns
-    end = (rec.t_end or rec.t_start) + offset_ns
+    start = rec[R.T_START] + offset_ns
+    end = (rec[R.T_END] or rec[R.T_START]) + offset_ns
+    static, dynamic = collective_attributes(rec, gi, seconds)
     span = SpanData(
-        name=rec.op,
+        name=rec[R.OP],
         trace_id=trace_id,
         span_id=new_span_id(),
         parent_span_id=parent_span_id,
         start_ns=start,
         end_ns=max(end, start),
-        attributes=collective_attributes(rec, seconds),
+        attributes=dynamic,
+        shared=(group_attributes(gi), static),
         sampled=sampled,
     )
-    if rec.error is not None:
-        etype, message = rec.error
+    error = rec[R.ERROR]
+    if error is not None:
+        etype, message = error
         span.error = f"{etype.rsplit('.', 1)[-1]}: {message}"
-        span.events.append((n.EXCEPTION_EVENT, span.end_ns, {n.EXCEPTION_TYPE: etype, n.EXCEPTION_MESSAGE: message}))
+        span.events.append((n.EXCEPTION_EVENT, span.end_ns, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
     return span

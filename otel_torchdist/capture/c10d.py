@@ -1,4 +1,4 @@
-"""Capture of the c10d Python API: every ``torch.distributed`` collective becomes one :class:`Record`.
+"""Capture of the c10d Python API: every ``torch.distributed`` collective becomes one record (see record.py).
 
 Patch sites (see ``../shared/research/pytorch_hooks.md`` for why each is needed):
 
@@ -30,7 +30,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from opentelemetry import trace as _trace
+from opentelemetry.trace.propagation import _SPAN_KEY
 
 from .. import bandwidth as bw
 from .. import health
@@ -38,32 +38,61 @@ from .. import names as n
 from ..patching import Patch
 from . import completion, groups
 from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
-from .record import TLS, Record, complete, error_info, push
+from . import record as R
+from .record import QUEUE, TLS, complete, error_info
 
 _is_compiling = torch.compiler.is_compiling
-_get_current_span = _trace.get_current_span
 _world = c10d._world
+_coalesce_state = _world._pg_coalesce_state  # created once with c10d's _World; read without the property
+_groups = groups._groups
+_BY_ID = groups.BY_ID
+_QUEUE = QUEUE
+_limit = R._limit
+_new = R.new
+_INNER = R.INNER
+_T_START = R.T_START
+_T_END = R.T_END
+_GROUP = R.GROUP
+_ASYNC = R.ASYNC
+_SEQ = R.SEQ
+_END = R.END
+_Tensor = torch.Tensor
+_COMPLETION_FUTURE = groups.COMPLETION_FUTURE
+_END_RETURN = n.END_RETURN
 
 SOURCE_C10D = "c10d"
 SOURCE_PG = "process_group"
 SOURCE_COALESCING = "coalescing_manager"
 
 
-def _parent_context():
-    ctx = _get_current_span().get_span_context()
-    return ctx if ctx.is_valid else None
+def _current_context_getter() -> Callable[[], Any]:
+    """The cheapest way to the current OpenTelemetry Context: its ContextVar when the default runtime
+    context is in use (two Python calls fewer per collective), else the public API."""
+    from opentelemetry import context as _context
+
+    var = getattr(getattr(_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    if var is not None and hasattr(var, "get"):
+        return var.get
+    return _context.get_current
+
+
+_current_context = _current_context_getter()
+
+
+def _parent_span():
+    """The caller's current OpenTelemetry span object, if any (its context is read off the hot path)."""
+    return _current_context().get(_SPAN_KEY)
 
 
 def _in_coalescing(group: Any) -> bool:
-    state = _world.pg_coalesce_state
-    if not state:
+    if not _coalesce_state:
         return False
-    return (group if group is not None else _world.default_pg) in state
+    return (group if group is not None else _world._default_pg) in _coalesce_state
 
 
 # ------------------------------------------------------------------------------------ function wrappers
-def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], Record | None]:
-    """Build the extraction for one op: (args, kwargs) -> a Record without times, or None to pass."""
+def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | None]:
+    """Build the extraction for one op: (args, kwargs) -> a record without times, or None to pass."""
     ig = binder.index(spec.group)
     ia = binder.index(spec.async_param)
     ir = binder.index(spec.redop)
@@ -73,44 +102,59 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], Record 
     single = len(payload) == 1 and spec.size in ("sum", "times_n")
     ip = payload[0] if payload else None
     op, kind, size = spec.name, spec.kind, spec.size
+    bind = binder.bind
 
-    def begin(args: tuple, kwargs: dict) -> Record | None:
-        v = binder.bind(args, kwargs)
+    times_n = size == "times_n"
+    r0, r1 = root if root is not None else (None, None)
+    p0, p1 = peer if peer is not None else (None, None)
+
+    def begin(args: tuple, kwargs: dict) -> list | None:
+        v = bind(args, kwargs)
         if size == "batch":
             p2p_ops = v[ip]
             group = p2p_ops[0].group if p2p_ops else None
         else:
             group = v[ig] if ig is not None else None
-        if _in_coalescing(group):
+        if _coalesce_state and _in_coalescing(group):
             return None  # queued by _coalescing_manager; its exit is what gets recorded
-        gi = groups.info(group)
+        gi = _groups.get(group if group is not None else _world._default_pg)
         if gi is None:
-            return None
-        rec = Record(op, kind, SOURCE_C10D, gi, 0)
+            gi = groups.info(group)
+            if gi is None:
+                return None
+        root_pair = (v[r0], v[r1] if r1 is not None else None) if root is not None else None
+        peer_pair = (v[p0], v[p1] if p1 is not None else None) if peer is not None else None
+        is_async = bool(v[ia]) if ia is not None else False
+        redop = v[ir] if ir is not None else None
+        x = v[ip] if single else None
+        if x.__class__ is _Tensor:
+            # The common case, one plain tensor: the record in one literal (see record.py for fields).
+            shape = tuple(x.shape)
+            return [
+                op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
+                x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
+                None, None, _current_context().get(_SPAN_KEY), None, None, False,
+            ]  # fmt: skip
+        rec = _new(op, kind, SOURCE_C10D, gi.gid)
         if single:
-            x = v[ip]
-            if isinstance(x, torch.Tensor):
+            if isinstance(x, _Tensor):
                 describe_tensor(x, rec)
             else:
                 describe((x,), rec)
-            if size == "times_n":
-                rec.nbytes *= gi.size
+            if times_n:
+                rec[R.NBYTES] *= gi.size
         elif size == "sum":
             describe([v[i] for i in payload], rec)
         elif size == "inner":
-            rec.collect_inner = True
+            rec[R.INNER] = True
         elif size == "batch":
             describe_batch(v[ip], rec)
-            rec.async_op = True
-        if ia is not None:
-            rec.async_op = bool(v[ia])
-        if ir is not None:
-            rec.redop = v[ir]
-        if root is not None:
-            rec.root = (v[root[0]], v[root[1]] if root[1] is not None else None)
-        if peer is not None:
-            rec.peer = (v[peer[0]], v[peer[1]] if peer[1] is not None else None)
-        rec.parent = _parent_context()
+            is_async = True
+        rec[R.ASYNC] = is_async
+        rec[R.REDOP] = redop
+        rec[R.ROOT] = root_pair
+        rec[R.PEER] = peer_pair
+        rec[R.PARENT] = _parent_span()
         return rec
 
     return begin
@@ -123,38 +167,43 @@ def _inner_size(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], int]:
 
     def size(args: tuple, kwargs: dict) -> int:
         v = binder.bind(args, kwargs)
-        probe = Record("", "", "", None, 0)
+        probe = _new("", "", "", -1)
         describe([v[i] for i in payload], probe)
         if spec.size == "times_n":
             gi = groups.info(v[ig] if ig is not None else None)
-            return probe.nbytes * (gi.size if gi else 1)
-        return probe.nbytes
+            return probe[R.NBYTES] * (gi.size if gi else 1)
+        return probe[R.NBYTES]
 
     return size
 
 
-def _finish(rec: Record, result: Any) -> None:
+def _finish(rec: list, result: Any) -> None:
     """Called right after the original returned: attach the sequence number and the completion."""
-    gi = rec.group
-    rec.seq = gi.next_seq()
-    if rec.collect_inner:
+    gi = _BY_ID[rec[R.GROUP]]
+    rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
+    if rec[R.INNER]:
         complete(rec, n.END_RETURN)  # object collectives copy to host: they return complete
         return
-    if gi.completion == groups.COMPLETION_NCCL_HOOK and rec.kind != bw.SEND_RECV:
+    completion_kind = gi.completion
+    if completion_kind == groups.COMPLETION_FUTURE:
+        if rec[R.ASYNC]:
+            completion.track(rec, result if isinstance(result, list) else [result])
+            return
+        rec[R.T_END] = perf_counter_ns()
+        rec[R.END] = _END_RETURN
+        if len(_QUEUE) < _limit[0]:
+            _QUEUE.append(tuple(rec))
+        else:
+            R._dropped[0] += 1
+    elif completion_kind == groups.COMPLETION_NCCL_HOOK and rec[R.KIND] != bw.SEND_RECV:
         with gi.lock:
-            gi.pending[rec.seq] = rec
-        return
-    if gi.completion == groups.COMPLETION_ENQUEUE:
-        complete(rec, n.END_ENQUEUE)
-        return
-    if rec.async_op:
-        completion.track(rec, result if isinstance(result, list) else [result])
+            gi.pending[rec[R.SEQ]] = rec
     else:
-        complete(rec, n.END_RETURN)
+        complete(rec, n.END_ENQUEUE)
 
 
-def _fail(rec: Record, exc: BaseException) -> None:
-    rec.error = error_info(exc)
+def _fail(rec: list, exc: BaseException) -> None:
+    rec[R.ERROR] = error_info(exc)
     complete(rec, n.END_RETURN)
 
 
@@ -169,9 +218,9 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
             return orig(*args, **kwargs)
         outer = TLS.outer
         if outer is not None:
-            if outer.collect_inner and inner_size is not None:
+            if outer[_INNER] and inner_size is not None:
                 try:
-                    outer.nbytes += inner_size(args, kwargs)
+                    outer[R.NBYTES] += inner_size(args, kwargs)
                 except Exception as exc:
                     health.error("capture", f"could not size a nested {spec.name}", exc)
             return orig(*args, **kwargs)
@@ -183,16 +232,28 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
         if rec is None:
             return orig(*args, **kwargs)
         TLS.outer = rec
-        rec.t_start = perf_counter_ns()
+        rec[_T_START] = perf_counter_ns()
         try:
             result = orig(*args, **kwargs)
         except BaseException as exc:
             TLS.outer = None
             _fail(rec, exc)
             raise
+        t_end = perf_counter_ns()
         TLS.outer = None
         try:
-            _finish(rec, result)
+            gi = _BY_ID[rec[_GROUP]]
+            if gi.completion is _COMPLETION_FUTURE and not rec[_ASYNC] and not rec[_INNER]:
+                # The common case inline: a blocking call on a CPU backend returns complete.
+                rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
+                rec[_T_END] = t_end
+                rec[_END] = _END_RETURN
+                if len(_QUEUE) < _limit[0]:
+                    _QUEUE.append(tuple(rec))
+                else:
+                    R._dropped[0] += 1
+            else:
+                _finish(rec, result)
         except Exception as exc:
             health.error("capture", f"could not complete a {spec.name} record", exc)
         return result
@@ -211,19 +272,19 @@ _COALESCED = {
 }
 
 
-def _coalesced_record(group: Any, coll_ops: list) -> Record | None:
+def _coalesced_record(group: Any, coll_ops: list) -> list | None:
     gi = groups.info(group)
     if gi is None or not coll_ops:
         return None
     first = coll_ops[0]
     op_name = getattr(first.op, "__name__", "unknown")
     op, kind = _COALESCED.get(op_name, (op_name + "_coalesced", bw.ALL_REDUCE))
-    rec = Record(op, kind, SOURCE_COALESCING, gi, 0)
+    rec = _new(op, kind, SOURCE_COALESCING, gi.gid)
     # S: all_gather counts the gathered output (dst_tensor), the others the input tensor.
     describe([c.dst_tensor if (kind == bw.ALL_GATHER and c.dst_tensor is not None) else c.tensor for c in coll_ops], rec)
-    rec.redop = first.redop
-    rec.extra = {"coalesced_ops": len(coll_ops)}
-    rec.parent = _parent_context()
+    rec[R.REDOP] = first.redop
+    rec[R.EXTRA] = ("coalesced_ops", len(coll_ops))
+    rec[R.PARENT] = _parent_span()
     return rec
 
 
@@ -253,7 +314,7 @@ def wrap_coalescing_manager(orig: Callable) -> Callable:
             inner.__exit__(None, None, None)
             return
         TLS.outer = rec
-        rec.t_start = perf_counter_ns()
+        rec[R.T_START] = perf_counter_ns()
         try:
             inner.__exit__(None, None, None)
         except BaseException as exc:
@@ -261,7 +322,7 @@ def wrap_coalescing_manager(orig: Callable) -> Callable:
             _fail(rec, exc)
             raise
         TLS.outer = None
-        rec.async_op = bool(async_ops)
+        rec[R.ASYNC] = bool(async_ops)
         try:
             _finish(rec, list(cm.works) if async_ops else None)
         except Exception as exc:
@@ -290,18 +351,18 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
                 rec = None
                 gi = groups.info(self)
                 if gi is not None and args:
-                    rec = Record(op, bw.SEND_RECV, SOURCE_PG, gi, 0)
+                    rec = _new(op, bw.SEND_RECV, SOURCE_PG, gi.gid)
                     describe(_first_tensor_list(args[0]), rec)
-                    rec.async_op = True
+                    rec[R.ASYNC] = True
                     if has_peer and len(args) > 1:
-                        rec.peer = (None, args[1])
-                    rec.parent = _parent_context()
+                        rec[R.PEER] = (None, args[1])
+                    rec[R.PARENT] = _parent_span()
             except Exception as exc:
                 health.error("capture", f"could not describe a ProcessGroup.{orig.__name__} call", exc)
                 rec = None
             if rec is None:
                 return orig(self, *args, **kwargs)
-            rec.t_start = perf_counter_ns()
+            rec[R.T_START] = perf_counter_ns()
             try:
                 work = orig(self, *args, **kwargs)
             except BaseException as exc:
@@ -330,23 +391,23 @@ def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
                 rec = None
                 gi = groups.info(self)
                 if gi is not None and args:
-                    rec = Record(op, kind, SOURCE_PG, gi, 0)
+                    rec = _new(op, kind, SOURCE_PG, gi.gid)
                     describe(_first_tensor_list(args[0]), rec)  # broadcast: the tensor; scatter: outputs
                     if kind == bw.SCATTER:
-                        rec.nbytes *= gi.size
+                        rec[R.NBYTES] *= gi.size
                     opts = args[-1]
                     root = getattr(opts, "rootRank", None)
                     if root is None and len(args) == 2 and isinstance(args[1], int):
                         root = args[1]
-                    rec.root = (None, root)
-                    rec.async_op = True
-                    rec.parent = _parent_context()
+                    rec[R.ROOT] = (None, root)
+                    rec[R.ASYNC] = True
+                    rec[R.PARENT] = _parent_span()
             except Exception as exc:
                 health.error("capture", f"could not describe a ProcessGroup.{op} call", exc)
                 rec = None
             if rec is None:
                 return orig(self, *args, **kwargs)
-            rec.t_start = perf_counter_ns()
+            rec[R.T_START] = perf_counter_ns()
             try:
                 work = orig(self, *args, **kwargs)
             except BaseException as exc:
@@ -443,4 +504,4 @@ def patches() -> list[Patch]:
     return table
 
 
-__all__ = ["patches", "OPS_BY_NAME", "REQUIRED", "push"]
+__all__ = ["patches", "OPS_BY_NAME", "REQUIRED"]

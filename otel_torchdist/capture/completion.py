@@ -19,8 +19,7 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from . import record as _record
-from .record import Record
+from . import record as R
 
 MAX_PENDING_WAITS = 4096
 
@@ -33,7 +32,7 @@ class _Join:
 
     __slots__ = ("rec", "remaining", "source", "lock")
 
-    def __init__(self, rec: Record, remaining: int) -> None:
+    def __init__(self, rec: list, remaining: int) -> None:
         self.rec = rec
         self.remaining = remaining
         self.source = n.END_FUTURE
@@ -42,10 +41,10 @@ class _Join:
     def done(self, source: str, error: BaseException | None = None) -> None:
         t_end = perf_counter_ns()
         rec = self.rec
-        if error is not None and rec.error is None:
-            rec.error = _record.error_info(error)
+        if error is not None and rec[R.ERROR] is None:
+            rec[R.ERROR] = R.error_info(error)
         if self.lock is None:
-            _record.complete(rec, source, t_end)
+            R.complete(rec, source, t_end)
             return
         with self.lock:
             if source != n.END_FUTURE and self.source != n.END_UNFINISHED:
@@ -53,14 +52,14 @@ class _Join:
             self.remaining -= 1
             last = self.remaining == 0
         if last:
-            _record.complete(rec, self.source, t_end)
+            R.complete(rec, self.source, t_end)
 
 
-def track(rec: Record, works: list[Any]) -> None:
+def track(rec: list, works: list[Any]) -> None:
     """Complete ``rec`` when all of ``works`` have completed."""
     works = [w for w in works if w is not None]
     if not works:
-        _record.complete(rec, n.END_RETURN)
+        R.complete(rec, n.END_RETURN)
         return
     join = _Join(rec, len(works))
     for work in works:

@@ -22,6 +22,7 @@ COMPLETION_ENQUEUE = "enqueue"  # GPU backends without completion timing: only t
 
 class GroupInfo:
     __slots__ = (
+        "gid",
         "pg",
         "name",
         "desc",
@@ -36,9 +37,11 @@ class GroupInfo:
         "completion",
         "pending",
         "lock",
+        "span_attrs",
     )
 
     def __init__(self, pg: Any) -> None:
+        self.gid = -1  # index into BY_ID, set when registered
         self.pg = pg
         self.name = _safe(lambda: pg.group_name, "?")
         self.desc = _safe(lambda: pg.group_desc, "")
@@ -57,6 +60,7 @@ class GroupInfo:
         self.completion = COMPLETION_ENQUEUE if _is_gpu_backend(self.backend) else COMPLETION_FUTURE
         self.pending: dict[int, Any] = {}  # seq -> Record, for completion hooks joined on sequence number
         self.lock = threading.Lock()
+        self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans
 
     def next_seq(self) -> int | None:
         """The sequence number of the collective just issued on this group."""
@@ -87,6 +91,7 @@ def _safe(fn, default):
 
 
 _groups: dict[Any, GroupInfo] = {}
+BY_ID: list[GroupInfo] = []  # records name their group by index: an int keeps them GC-untracked
 _labels: set[str] = set()
 _lock = threading.Lock()
 
@@ -112,6 +117,8 @@ def info(pg: Any) -> GroupInfo | None:
             gi = GroupInfo(pg)
             gi.label = _unique_label(gi)
             _attach_completion(gi)
+            gi.gid = len(BY_ID)
+            BY_ID.append(gi)
             _groups[pg] = gi
     return gi
 
@@ -124,15 +131,23 @@ def _unique_label(gi: GroupInfo) -> str:
 
 
 def forget(pg: Any) -> None:
-    """Drop a destroyed group (its id may be reused)."""
+    """A destroyed group: stop finding it by object (ids are reused) and let the object go.
+
+    Its GroupInfo stays in BY_ID for records still queued that name it.
+    """
     with _lock:
         gi = _groups.pop(pg, None)
         if gi is not None:
             _labels.discard(gi.label)
+            gi.pg = None
+            gi.seq_supported = False
 
 
 def forget_all() -> None:
     with _lock:
+        for gi in _groups.values():
+            gi.pg = None
+            gi.seq_supported = False
         _groups.clear()
         _labels.clear()
 

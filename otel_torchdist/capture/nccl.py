@@ -23,6 +23,7 @@ from typing import Any
 from .. import health
 from .. import names as n
 from . import groups
+from . import record as R
 from .record import complete
 
 _log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ def _on_complete(gi: groups.GroupInfo, info: Any) -> None:
             return
         active = getattr(info, "active_duration", None)
         if active is not None:
-            rec.gpu_duration_ns = int(active.total_seconds() * 1e9)
+            rec[R.GPU_NS] = int(active.total_seconds() * 1e9)
         complete(rec, n.END_NCCL_HOOK, _to_perf_ns(getattr(info, "time_finished", None)))
     except Exception as exc:
         health.error("completion", "could not complete an NCCL record from the completion hook", exc)

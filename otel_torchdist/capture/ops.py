@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from .. import bandwidth as bw
+from . import record as R
 
 REQUIRED = object()
 MAX_SHAPES = 8  # shapes listed on a span; the count is always given
@@ -88,7 +89,7 @@ OPS_BY_NAME = {spec.name: spec for spec in C10D_OPS}
 class Binder:
     """Maps ``(args, kwargs)`` of one function to a tuple of its parameters in order, defaults filled."""
 
-    __slots__ = ("names", "defaults", "n")
+    __slots__ = ("names", "defaults", "n", "bind")
 
     def __init__(self, spec: OpSpec, fn: Any) -> None:
         if spec.params is not None:
@@ -100,28 +101,32 @@ class Binder:
                 for p in sig.parameters.values()
                 if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)
             )
-        self.names = tuple(name for name, _ in pairs)
-        self.defaults = tuple(default for _, default in pairs)
-        self.n = len(pairs)
+        self.names = names = tuple(name for name, _ in pairs)
+        self.defaults = defaults = tuple(default for _, default in pairs)
+        self.n = count = len(pairs)
+
+        def bind(args: tuple, kwargs: dict) -> tuple:
+            """All parameters in order, defaults filled in."""
+            n = len(args)
+            if not kwargs:
+                return args + defaults[n:] if n < count else args
+            return args + tuple(kwargs.get(names[i], defaults[i]) for i in range(n, count))
+
+        self.bind = bind
 
     def index(self, name: str | None) -> int | None:
         if name is None:
             return None
         return self.names.index(name)
 
-    def bind(self, args: tuple, kwargs: dict) -> tuple:
-        n = len(args)
-        if not kwargs:
-            return args + self.defaults[n:] if n < self.n else args
-        return args + tuple(kwargs.get(self.names[i], self.defaults[i]) for i in range(n, self.n))
 
-
-def describe(values, rec) -> None:
+def describe(values, rec: list) -> None:
     """Fill ``rec``'s size, dtype, shapes, numel and tensor count from tensors or (nested) lists of them."""
     total = 0
     numel = 0
     count = 0
-    shapes = []
+    shapes: list[int] = []  # flattened: ndim, dims...
+    listed = 0
     dtype = None
     stack = list(reversed(values))  # depth-first, in order: the first tensor gives the dtype
     while stack:
@@ -132,24 +137,28 @@ def describe(values, rec) -> None:
             count += 1
             if dtype is None:
                 dtype = x.dtype
-            if len(shapes) < MAX_SHAPES:
-                shapes.append(x.shape)
+            if listed < MAX_SHAPES:
+                listed += 1
+                shape = x.shape
+                shapes.append(len(shape))
+                shapes.extend(shape)
         elif isinstance(x, (list, tuple)):
             stack.extend(reversed(x))
-    rec.nbytes = total
-    rec.numel = numel
-    rec.ntensors = count
-    rec.dtype = dtype
-    rec.shapes = tuple(shapes)
+    rec[R.NBYTES] = total
+    rec[R.NUMEL] = numel
+    rec[R.NTENSORS] = count
+    rec[R.DTYPE] = dtype
+    rec[R.SHAPES] = tuple(shapes)
 
 
-def describe_tensor(t, rec) -> None:
+def describe_tensor(t, rec: list) -> None:
     """The single-tensor fast path of :func:`describe`."""
-    rec.nbytes = t.nbytes
-    rec.numel = t.numel()
-    rec.ntensors = 1
-    rec.dtype = t.dtype
-    rec.shapes = (t.shape,)
+    rec[R.NBYTES] = t.nbytes
+    rec[R.NUMEL] = t.numel()
+    rec[R.NTENSORS] = 1
+    rec[R.DTYPE] = t.dtype
+    shape = tuple(t.shape)
+    rec[R.SHAPES] = (len(shape),) + shape
 
 
 def payload_bytes(values) -> int:
@@ -164,7 +173,7 @@ def payload_bytes(values) -> int:
     return total
 
 
-def describe_batch(p2p_ops, rec) -> None:
+def describe_batch(p2p_ops, rec: list) -> None:
     """batch_isend_irecv: one record for the batch, S = max(bytes sent, bytes received)."""
     sent = received = 0
     peers = []
@@ -177,7 +186,7 @@ def describe_batch(p2p_ops, rec) -> None:
             sent += t.nbytes
         else:
             received += t.nbytes
-        peers.append(("send" if is_send else "recv", p2p.peer))
+        peers.append(f"{'send' if is_send else 'recv'}:{p2p.peer}")
     describe(tensors, rec)
-    rec.nbytes = max(sent, received)
-    rec.extra = {"bytes_sent": sent, "bytes_received": received, "peers": peers}
+    rec[R.NBYTES] = max(sent, received)
+    rec[R.EXTRA] = ("bytes_sent", sent, "bytes_received", received, "peers", ",".join(peers))

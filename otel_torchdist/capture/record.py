@@ -1,7 +1,12 @@
 """The compact record the hot path writes, and the queue it goes into.
 
-The hot path does the least: it fills a :class:`Record` (references and integers only: no formatting, no
-OTel objects) and appends it to :data:`QUEUE`. A background thread turns records into metrics and spans.
+A record is a flat sequence indexed by the constants below: a ``list`` while its collective is in flight
+(nested calls add to its size, completion fills its end), frozen into a ``tuple`` when it is queued. The
+tuple holds only ints, strings, dtypes, enums and flat tuples of them, so the garbage collector stops
+tracking it by the time it leaves the young generations: thousands of records waiting for the background
+thread trigger no collections of the whole heap. (A ``__slots__`` object per record did, measurably, and
+so did tuples nested three deep, which the collector untracks one level per generation.)
+
 The queue is bounded: when the background thread cannot keep up, records are dropped and counted, never
 queued without bound.
 """
@@ -13,73 +18,65 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
+# Field positions. Times are perf_counter_ns values; GROUP is an index into groups.BY_ID.
+OP = 0  # API name as called, e.g. "all_gather_into_tensor"
+KIND = 1  # nccl-tests family (bandwidth.KINDS)
+SOURCE = 2  # capture path: c10d, process_group, coalescing_manager, ...
+GROUP = 3
+SEQ = 4  # the group's sequence number for this collective, or None
+T_START = 5
+T_END = 6  # 0 until complete
+NBYTES = 7  # S, nccl-tests' message size
+DTYPE = 8
+SHAPES = 9  # flat tuple of ints: ndim, dims..., ndim, dims... (at most ops.MAX_SHAPES shapes)
+NUMEL = 10
+NTENSORS = 11
+ASYNC = 12
+ROOT = 13  # (global rank, group rank) as given to the API; resolved off the hot path
+PEER = 14
+REDOP = 15
+END = 16  # names.END_* : how the end was observed
+ERROR = 17  # (exception type, message): not the exception, which would pin its frames
+PARENT = 18  # the caller's current OpenTelemetry span object, if any
+EXTRA = 19  # flat tuple key, value, key, value... of op-specific attributes (strings and ints)
+GPU_NS = 20  # GPU-measured duration (NCCL timing), when known
+INNER = 21  # add nested calls' message sizes into NBYTES (object collectives)
+FIELDS = 22
 
-class Record:
-    """One collective as seen on this rank. Times are ``perf_counter_ns`` values."""
+_TEMPLATE = [None, None, None, 0, None, 0, 0, 0, None, (), 0, 0, False, None, None, None, None, None, None, None, None, False]
+assert len(_TEMPLATE) == FIELDS
 
-    __slots__ = (
-        "op",  # API name as called, e.g. "all_gather_into_tensor"
-        "kind",  # nccl-tests family (bandwidth.KINDS)
-        "source",  # capture path: c10d, pg, coalescing, ...
-        "group",  # GroupInfo
-        "seq",  # the group's sequence number for this collective, or None
-        "t_start",
-        "t_end",  # 0 until complete
-        "nbytes",  # S, nccl-tests' message size; None until known (object collectives sum inner calls)
-        "dtype",
-        "shapes",  # tuple of torch.Size, possibly truncated
-        "numel",
-        "ntensors",
-        "async_op",
-        "root",  # (global, group) rank pair as given, resolved off the hot path
-        "peer",
-        "redop",
-        "end_source",
-        "error",  # (exception type, message) if it raised; not the exception: that would pin its frames
-        "parent",  # the caller's current SpanContext when valid
-        "extra",  # dict of op-specific attributes, or None
-        "collect_inner",  # sum nested calls' message sizes into nbytes (object collectives)
-        "gpu_duration_ns",  # GPU-measured duration (NCCL timing), when known
-    )
 
-    def __init__(self, op: str, kind: str, source: str, group: Any, t_start: int) -> None:
-        self.op = op
-        self.kind = kind
-        self.source = source
-        self.group = group
-        self.seq = None
-        self.t_start = t_start
-        self.t_end = 0
-        self.nbytes = 0
-        self.dtype = None
-        self.shapes = ()
-        self.numel = 0
-        self.ntensors = 0
-        self.async_op = False
-        self.root = None
-        self.peer = None
-        self.redop = None
-        self.end_source = None
-        self.error = None
-        self.parent = None
-        self.extra = None
-        self.collect_inner = False
-        self.gpu_duration_ns = None
+def iter_shapes(flat: tuple):
+    """The shapes of a SHAPES field, as tuples."""
+    i = 0
+    while i < len(flat):
+        ndim = flat[i]
+        yield flat[i + 1 : i + 1 + ndim]
+        i += 1 + ndim
 
-    def __repr__(self) -> str:  # for debugging and test failure messages
-        dur = (self.t_end - self.t_start) / 1e3 if self.t_end else None
-        return (
-            f"Record({self.op} group={getattr(self.group, 'label', None)} seq={self.seq} S={self.nbytes} "
-            f"dur_us={dur} end={self.end_source} error={self.error[0] if self.error else None})"
-        )
+
+def new(op: str, kind: str, source: str, gid: int) -> list:
+    rec = _TEMPLATE.copy()
+    rec[OP] = op
+    rec[KIND] = kind
+    rec[SOURCE] = source
+    rec[GROUP] = gid
+    return rec
+
+
+def describe(rec) -> str:
+    """For debugging and test failure messages."""
+    dur = (rec[T_END] - rec[T_START]) / 1e3 if rec[T_END] else None
+    return f"record({rec[OP]} group={rec[GROUP]} seq={rec[SEQ]} S={rec[NBYTES]} dur_us={dur} end={rec[END]} error={rec[ERROR]})"
 
 
 class _Local(threading.local):
-    outer: Record | None = None  # the outermost capture in progress on this thread
+    outer: list | None = None  # the outermost capture in progress on this thread
 
 
 TLS = _Local()
-QUEUE: deque[Record] = deque()
+QUEUE: deque[tuple] = deque()
 _limit = [65536]
 _dropped = [0]
 
@@ -88,9 +85,9 @@ def set_limit(max_records: int) -> None:
     _limit[0] = max_records
 
 
-def push(rec: Record) -> None:
+def push(rec: list) -> None:
     if len(QUEUE) < _limit[0]:
-        QUEUE.append(rec)
+        QUEUE.append(tuple(rec))
     else:
         _dropped[0] += 1
 
@@ -109,7 +106,10 @@ def error_info(exc: BaseException) -> tuple[str, str]:
     return name, message
 
 
-def complete(rec: Record, end_source: str, t_end: int | None = None) -> None:
-    rec.t_end = perf_counter_ns() if t_end is None else t_end
-    rec.end_source = end_source
+def complete(rec: list, end_source: str, t_end: int | None = None) -> None:
+    rec[T_END] = perf_counter_ns() if t_end is None else t_end
+    rec[END] = end_source
     push(rec)
+
+
+__all__ = ["new", "push", "complete", "error_info", "QUEUE", "TLS", "Any"]

@@ -25,8 +25,17 @@ _log = logging.getLogger("otel_torchdist")
 
 class Sink:
     name = "sink"
+    span_format: str | None = None
+    """How this sink wants spans encoded (``pb`` or ``json``, see ``otlp.SPAN_ENCODERS``); None: no spans."""
 
     def export_spans(self, resource: dict[str, Any], spans: list[SpanData], timeout: float | None = None) -> bool:
+        """Convenience for callers holding SpanData: encode, then :meth:`export_span_fragments`."""
+        if self.span_format is None:
+            return True
+        encode = otlp.SPAN_ENCODERS[self.span_format]
+        return self.export_span_fragments(resource, [encode(s) for s in spans], timeout)
+
+    def export_span_fragments(self, resource: dict[str, Any], fragments: list, timeout: float | None = None) -> bool:
         return True
 
     def export_metrics(
@@ -75,6 +84,7 @@ class FileSink(Sink):
     name = "file"
 
     def __init__(self, folder: str, rank: int, traces: bool, metrics: bool) -> None:
+        self.span_format = "json" if traces else None
         self.folder = folder
         self.traces_path = os.path.join(folder, f"traces.rank{rank}.jsonl") if traces else None
         self.metrics_path = os.path.join(folder, f"metrics.rank{rank}.jsonl") if metrics else None
@@ -97,10 +107,10 @@ class FileSink(Sink):
         self._failures.succeeded()
         return True
 
-    def export_spans(self, resource, spans, timeout=None):
+    def export_span_fragments(self, resource, fragments, timeout=None):
         if self.traces_path is None:
             return True
-        return self._write(self.traces_path, otlp.spans_to_json(resource, spans))
+        return self._write(self.traces_path, otlp.trace_request_json(resource, fragments))
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.metrics_path is None:
@@ -126,6 +136,7 @@ class ConsoleSink(Sink):
     name = "console"
 
     def __init__(self, traces: bool, metrics: bool) -> None:
+        self.span_format = "json" if traces else None
         self.traces = traces
         self.metrics = metrics
         self._lock = threading.Lock()
@@ -140,8 +151,8 @@ class ConsoleSink(Sink):
             health.error("export", "writing telemetry to stdout failed", exc)
             return False
 
-    def export_spans(self, resource, spans, timeout=None):
-        return self._print(otlp.spans_to_json(resource, spans)) if self.traces else True
+    def export_span_fragments(self, resource, fragments, timeout=None):
+        return self._print(otlp.trace_request_json(resource, fragments)) if self.traces else True
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         return self._print(otlp.metrics_to_json(resource, metrics, start_ns, now_ns)) if self.metrics else True
@@ -171,6 +182,8 @@ class OtlpHttpSink(Sink):
 
         self.signal = signal
         self.json = protocol == "http/json"
+        if signal == "traces":
+            self.span_format = "json" if self.json else "pb"
         specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
         self.url = _signal_endpoint(cfg.endpoint, specific, protocol, f"v1/{signal}")
         headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
@@ -202,12 +215,12 @@ class OtlpHttpSink(Sink):
         self._failures.failed(f"HTTP {resp.status_code} {resp.text[:200]!r}")
         return False
 
-    def export_spans(self, resource, spans, timeout=None):
+    def export_span_fragments(self, resource, fragments, timeout=None):
         if self.signal != "traces":
             return True
         if self.json:
-            return self._post(otlp.spans_to_json(resource, spans).encode(), timeout)
-        return self._post(otlp.spans_to_proto(resource, spans).SerializeToString(), timeout)
+            return self._post(otlp.trace_request_json(resource, fragments).encode(), timeout)
+        return self._post(otlp.trace_request_pb(resource, fragments), timeout)
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.signal != "metrics":
@@ -232,9 +245,10 @@ class OtlpGrpcSink(Sink):
     def __init__(self, cfg: Config, signal: str) -> None:
         import grpc
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         self.signal = signal
+        self.span_format = "pb" if signal == "traces" else None
         specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
         url = _signal_endpoint(cfg.endpoint, specific, "grpc", "")
         parsed = urllib.parse.urlparse(url)
@@ -252,9 +266,14 @@ class OtlpGrpcSink(Sink):
             creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
             self.channel = grpc.secure_channel(self.target, creds, compression=compression)
         if signal == "traces":
-            self.stub = trace_service_pb2_grpc.TraceServiceStub(self.channel)
+            # Spans arrive already serialized (otlp.spans_to_proto): send the bytes as they are.
+            self.export_call = self.channel.unary_unary(
+                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
+                request_serializer=lambda body: body,
+                response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
+            )
         else:
-            self.stub = metrics_service_pb2_grpc.MetricsServiceStub(self.channel)
+            self.export_call = metrics_service_pb2_grpc.MetricsServiceStub(self.channel).Export
         headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
         self.metadata = tuple((k.lower(), v) for k, v in headers.items())
         self.timeout = cfg.timeout
@@ -264,7 +283,7 @@ class OtlpGrpcSink(Sink):
     def _call(self, request, timeout: float | None) -> bool:
         timeout = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
-            self.stub.Export(request, metadata=self.metadata, timeout=timeout)
+            self.export_call(request, metadata=self.metadata, timeout=timeout)
         except Exception as exc:
             code = getattr(exc, "code", None)
             reason = f"{code().name}" if callable(code) else type(exc).__name__
@@ -276,10 +295,10 @@ class OtlpGrpcSink(Sink):
         self._failures.succeeded()
         return True
 
-    def export_spans(self, resource, spans, timeout=None):
+    def export_span_fragments(self, resource, fragments, timeout=None):
         if self.signal != "traces":
             return True
-        return self._call(otlp.spans_to_proto(resource, spans), timeout)
+        return self._call(otlp.trace_request_pb(resource, fragments), timeout)
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.signal != "metrics":

@@ -1,0 +1,125 @@
+"""Helpers shared by the tests: run real multi-rank jobs, read what they exported, free ports."""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+from typing import Any
+
+REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_ranks(scenario: str, world_size: int, out: str, args: dict | None = None, env: dict | None = None):
+    """Start ``scenario`` in ``world_size`` gloo ranks in the background; returns the Popen."""
+    os.makedirs(out, exist_ok=True)
+    full_env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    log = open(os.path.join(out, "launcher.log"), "w")
+    return subprocess.Popen(
+        [sys.executable, "-m", "tests.launcher", scenario, str(world_size), out, json.dumps(args or {})],
+        cwd=REPO,
+        env=full_env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
+
+
+def finish_ranks(proc, out: str, world_size: int, timeout: float = 240) -> list[dict[str, Any]]:
+    try:
+        proc.wait(timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError(f"ranks did not finish in {timeout}s:\n{_log(out)}") from None
+    errors = sorted(glob.glob(os.path.join(out, "error.rank*.txt")))
+    if proc.returncode != 0 or errors:
+        detail = "\n".join(open(e).read() for e in errors)
+        raise AssertionError(f"ranks failed (rc={proc.returncode}):\n{detail}\n{_log(out)}")
+    results = []
+    for rank in range(world_size):
+        with open(os.path.join(out, f"result.rank{rank}.json")) as f:
+            results.append(json.load(f))
+    return results
+
+
+def run_ranks(scenario: str, world_size: int, out: str, args: dict | None = None, env: dict | None = None, timeout: float = 240):
+    return finish_ranks(start_ranks(scenario, world_size, out, args, env), out, world_size, timeout)
+
+
+def _log(out: str) -> str:
+    path = os.path.join(out, "launcher.log")
+    return open(path).read()[-6000:] if os.path.exists(path) else ""
+
+
+def launcher_log(out: str) -> str:
+    return _log(out)
+
+
+# ------------------------------------------------------------------------------------- OTLP/JSON files
+def attr_value(v: dict[str, Any]) -> Any:
+    if "stringValue" in v:
+        return v["stringValue"]
+    if "intValue" in v:
+        return int(v["intValue"])
+    if "doubleValue" in v:
+        return float(v["doubleValue"])
+    if "boolValue" in v:
+        return v["boolValue"]
+    if "arrayValue" in v:
+        return [attr_value(x) for x in v["arrayValue"].get("values", [])]
+    return None
+
+
+def attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
+    return {a["key"]: attr_value(a["value"]) for a in items}
+
+
+def read_spans(path: str) -> list[dict[str, Any]]:
+    """Every span in an OTLP/JSON lines trace file, attributes flattened, resource attached."""
+    spans = []
+    with open(path) as f:
+        for line in f:
+            doc = json.loads(line)
+            for rs in doc["resourceSpans"]:
+                resource = attrs(rs["resource"]["attributes"])
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        spans.append({**s, "attributes": attrs(s["attributes"]), "resource": resource})
+    return spans
+
+
+def read_metric_lines(path: str) -> list[dict[str, Any]]:
+    with open(path) as f:
+        return [json.loads(line) for line in f]
+
+
+def last_metrics(path: str) -> dict[str, list[dict[str, Any]]]:
+    """The data points of each metric in the last snapshot of a metrics file, attributes flattened."""
+    docs = read_metric_lines(path)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for rm in docs[-1]["resourceMetrics"]:
+        for sm in rm["scopeMetrics"]:
+            for m in sm["metrics"]:
+                data = m.get("histogram") or m.get("sum") or m.get("gauge")
+                out[m["name"]] = [{**dp, "attributes": attrs(dp["attributes"])} for dp in data["dataPoints"]]
+    return out
+
+
+def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
+    deadline = time.monotonic() + timeout
+    last = None
+    while time.monotonic() < deadline:
+        last = predicate()
+        if last:
+            return last
+        time.sleep(interval)
+    raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")

@@ -1,0 +1,316 @@
+"""Code that runs inside each rank of a real multi-process gloo job (see ``tests/launcher.py``).
+
+Each scenario returns a JSON-able dict the test asserts on. Expected message sizes are written out here
+from nccl-tests' definitions with plain arithmetic, independently of otel_torchdist's own tables.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import time
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+
+F32 = 4  # bytes per float32 element
+LONG = 8  # bytes per int64 element
+
+
+def _instrument(out: str, rank: int, **extra: Any) -> None:
+    import otel_torchdist
+
+    options = dict(
+        run_dir=os.path.join(out, "runs"),
+        run_id=extra.pop("run_id", "test-run"),
+        traces_exporter="file",
+        metrics_exporter=("file",),
+        summary="none",
+        drain_interval=0.05,
+    )
+    options.update(extra)
+    otel_torchdist.instrument(**options)
+
+
+def _pickled_len(obj: Any) -> int:
+    return len(pickle.dumps(obj))
+
+
+# --------------------------------------------------------------------------------------------- all ops
+def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Every c10d entry point once (or more), with the expected record of each call."""
+    _instrument(out, rank, run_id=f"ops-ws{ws}")
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    expected: list[dict[str, Any]] = []
+
+    def expect(op, size, *, async_=False, root=None, peer=None, group="default_pg", end=None, error=False, **kw):
+        expected.append(
+            dict(op=op, S=size, async_=async_, root=root, peer=peer, group=group, end=end, error=error, **kw)
+        )
+
+    t8 = lambda: torch.ones(8)  # noqa: E731  32 bytes
+    t4 = lambda: torch.ones(4)  # noqa: E731  16 bytes
+    B = 8 * F32
+
+    # --- the oracle block: ops that map one-to-one onto a c10d dispatcher op, on their own group
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.profiler import ProfilerActivity, profile
+
+    oracle = dist.new_group(list(range(ws)), group_desc="oracle")
+    mix = ["all_reduce", "broadcast", "all_gather_into_tensor", "reduce_scatter_tensor", "all_to_all_single",
+           "all_gather", "reduce", "gather", "scatter", "all_reduce", "all_reduce", "broadcast"]
+    oracle_calls = {
+        "all_reduce": lambda: dist.all_reduce(t8(), group=oracle),
+        "broadcast": lambda: dist.broadcast(t8(), group_src=0, group=oracle),
+        "all_gather_into_tensor": lambda: dist.all_gather_into_tensor(torch.empty(8 * ws), t8(), group=oracle),
+        "reduce_scatter_tensor": lambda: dist.reduce_scatter_tensor(torch.empty(8), torch.ones(8 * ws), group=oracle),
+        "all_to_all_single": lambda: dist.all_to_all_single(torch.empty(8 * ws), torch.ones(8 * ws), group=oracle),
+        "all_gather": lambda: dist.all_gather([torch.empty(8) for _ in range(ws)], t8(), group=oracle),
+        "reduce": lambda: dist.reduce(t8(), group_dst=0, group=oracle),
+        "gather": lambda: dist.gather(t8(), [torch.empty(8) for _ in range(ws)] if rank == 0 else None, group_dst=0, group=oracle),
+        "scatter": lambda: dist.scatter(torch.empty(8), [t8() for _ in range(ws)] if rank == 0 else None, group_src=0, group=oracle),
+    }
+    with profile(activities=[ProfilerActivity.CPU]) as prof, CommDebugMode() as cdm:
+        for i in range(3):
+            for name in mix:
+                oracle_calls[name]()
+    comm_debug_counts = {str(k): v for k, v in cdm.get_comm_counts().items()}
+    profiler_counts = dict(Counter(e.name for e in prof.events() if e.name.startswith("gloo:")))
+
+    # --- every entry point, with what its record must say
+    dist.all_reduce(t8())
+    expect("all_reduce", B, end="return")
+
+    work = dist.all_reduce(t8(), async_op=True)
+    time.sleep(0.4)  # the collective finishes long before wait(): it must not be charged the sleep
+    work.wait()
+    expect("all_reduce", B, async_=True, end="future", max_seconds=0.2)
+
+    dist.all_gather([torch.empty(8) for _ in range(ws)], t8())
+    expect("all_gather", B * ws)
+    dist.all_gather_into_tensor(torch.empty(8 * ws), t8())
+    expect("all_gather_into_tensor", B * ws)
+    dist.all_gather_single(torch.empty(8 * ws), t8())
+    expect("all_gather_single", B * ws)
+    c10d._all_gather_base(torch.empty(8 * ws), t8())
+    expect("_all_gather_base", B * ws)
+    obj = {"rank": rank}  # same pickled length on every rank below 10
+    gathered: list[Any] = [None] * ws
+    dist.all_gather_object(gathered, obj)
+    assert gathered == [{"rank": r} for r in range(ws)]
+    expect("all_gather_object", ws * LONG + ws * _pickled_len(obj))
+
+    dist.reduce_scatter(torch.empty(8), [t8() for _ in range(ws)])
+    expect("reduce_scatter", B * ws)
+    dist.reduce_scatter_tensor(torch.empty(8), torch.ones(8 * ws))
+    expect("reduce_scatter_tensor", B * ws)
+    dist.reduce_scatter_single(torch.empty(8), torch.ones(8 * ws))
+    expect("reduce_scatter_single", B * ws)
+    c10d._reduce_scatter_base(torch.empty(8), torch.ones(8 * ws))
+    expect("_reduce_scatter_base", B * ws)
+
+    dist.broadcast(t8(), src=0)
+    expect("broadcast", B, root=0)
+    dist.broadcast(t8(), group_src=ws - 1)
+    expect("broadcast", B, root=ws - 1)
+    payload = {"lr": 0.1}
+    objs = [payload if rank == 0 else None]
+    dist.broadcast_object_list(objs, src=0)
+    assert objs == [payload]
+    expect("broadcast_object_list", 1 * LONG + _pickled_len(payload), root=0)
+    dist.reduce(t8(), dst=1)
+    expect("reduce", B, root=1)
+    dist.gather(t8(), [torch.empty(8) for _ in range(ws)] if rank == 0 else None, dst=0)
+    expect("gather", B * ws, root=0)
+    out_objs = [None] * ws if rank == 0 else None
+    dist.gather_object(obj, out_objs, dst=0)
+    expect("gather_object", ws * LONG + ws * _pickled_len(obj), root=0)
+    dist.scatter(torch.empty(8), [t8() for _ in range(ws)] if rank == 0 else None, src=0)
+    expect("scatter", B * ws, root=0)
+    scattered = [None]
+    dist.scatter_object_list(scattered, [{"x": i} for i in range(ws)] if rank == 0 else None, src=0)
+    assert scattered == [{"x": rank}]
+    expect("scatter_object_list", LONG + ws * _pickled_len({"x": 0}) + ws * LONG, root=0)
+
+    dist.all_to_all([torch.empty(8) for _ in range(ws)], [t8() for _ in range(ws)])
+    expect("all_to_all", B * ws)
+    dist.all_to_all_single(torch.empty(8 * ws), torch.ones(8 * ws))
+    expect("all_to_all_single", B * ws)
+
+    dist.barrier()
+    expect("barrier", 0)
+    dist.monitored_barrier()
+    expect("monitored_barrier", 0)
+
+    # point to point: pairs (0,1), (2,3), ...
+    partner = rank + 1 if rank % 2 == 0 else rank - 1
+    if rank % 2 == 0:
+        dist.send(t8(), dst=partner)
+        expect("send", B, peer=partner)
+        dist.recv(torch.empty(8), src=partner)
+        expect("recv", B, peer=partner)
+    else:
+        dist.recv(torch.empty(8), src=partner)
+        expect("recv", B, peer=partner)
+        dist.send(t8(), dst=partner)
+        expect("send", B, peer=partner)
+    if rank % 2 == 0:
+        req = dist.isend(t8(), dst=partner)
+        expect("isend", B, async_=True, peer=partner, end="wait", source="process_group")
+    else:
+        req = dist.irecv(torch.empty(8), src=partner)
+        expect("irecv", B, async_=True, peer=partner, end="wait", source="process_group")
+    req.wait()
+    ops = [
+        dist.P2POp(dist.isend, t8(), (rank + 1) % ws),
+        dist.P2POp(dist.irecv, torch.empty(8), (rank - 1) % ws),
+    ]
+    for r in dist.batch_isend_irecv(ops):
+        r.wait()
+    expect("batch_isend_irecv", B, async_=True, bytes_sent=B, bytes_received=B)
+    if rank % 2 == 0:
+        dist.send_object_list([payload], dst=partner)
+    else:
+        got = [None]
+        dist.recv_object_list(got, src=partner)
+        assert got == [payload]
+    expect("send_object_list" if rank % 2 == 0 else "recv_object_list", LONG + _pickled_len(payload), peer=partner)
+
+    # coalesced
+    dist.all_reduce_coalesced([t8(), t4()])
+    expect("all_reduce_coalesced", B + 4 * F32)
+    dist.all_gather_coalesced([[torch.empty(8), torch.empty(4)] for _ in range(ws)], [t8(), t4()])
+    expect("all_gather_coalesced", ws * (B + 4 * F32))
+    with dist._coalescing_manager(async_ops=True) as cm:
+        dist.all_reduce(t8())
+        dist.all_reduce(t4())
+    cm.wait()
+    expect("all_reduce_coalesced", B + 4 * F32, async_=True, source="coalescing_manager", coalesced_ops=2)
+    with dist._coalescing_manager():
+        dist.all_gather_into_tensor(torch.empty(8 * ws), t8())
+        dist.all_gather_into_tensor(torch.empty(4 * ws), t4())
+    expect("all_gather_single_coalesced", ws * (B + 4 * F32), source="coalescing_manager", coalesced_ops=2)
+    dist._broadcast_coalesced(c10d._get_default_group(), [t8(), t4()], 1024, 0)
+    expect("_broadcast_coalesced", B + 4 * F32, root=0)
+
+    # the other namespace
+    c10d.all_reduce(t8())
+    expect("all_reduce", B)
+
+    # a subgroup of the last two ranks: sizes, group ranks, and group-relative roots
+    sub_ranks = [ws - 2, ws - 1]
+    sub = dist.new_group(sub_ranks, group_desc="pair")
+    if rank in sub_ranks:
+        dist.all_reduce(t8(), group=sub)
+        expect("all_reduce", B, group="pair", group_size=2, group_rank=sub_ranks.index(rank))
+        dist.broadcast(t8(), group=sub, group_src=1)
+        expect("broadcast", B, root=ws - 1, group="pair", group_size=2)
+    else:
+        dist.all_reduce(t8(), group=sub)  # not a member: returns without communicating, nothing to record
+
+    # an error: raised unchanged, recorded with its status
+    original = dist.broadcast.__wrapped__
+    try:
+        original(t8(), src=ws + 5)
+    except Exception as exc:
+        plain_error = (type(exc).__name__, str(exc))
+    # Even the unwrapped function is seen, one level down, by the ProcessGroup method capture.
+    expect("broadcast", B, root=ws + 5, error=True, source="process_group", async_=True)
+    try:
+        dist.broadcast(t8(), src=ws + 5)
+    except Exception as exc:
+        instrumented_error = (type(exc).__name__, str(exc))
+    expect("broadcast", B, root=ws + 5, error=True)
+
+    dist.barrier()
+    expect("barrier", 0)
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {
+        "expected": expected,
+        "comm_debug_counts": comm_debug_counts,
+        "profiler_counts": profiler_counts,
+        "oracle_mix": mix,
+        "plain_error": plain_error,
+        "instrumented_error": instrumented_error,
+    }
+
+
+# ------------------------------------------------------------------------------------------ OTLP export
+def export_otlp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """A few collectives exported over OTLP; rank r uses ``args["endpoints"][r]`` = [endpoint, protocol]."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    import otel_torchdist
+
+    endpoint, protocol = args["endpoints"][rank]
+    otel_torchdist.instrument(
+        endpoint=endpoint,
+        protocol=protocol,
+        run_id=args["run_id"],
+        service_name="otlp-test",
+        metrics_exporter=("otlp",),
+        summary="none",
+        drain_interval=0.05,
+    )
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(256))
+    dist.broadcast(torch.ones(16), src=0)
+    dist.all_gather_into_tensor(torch.empty(16 * ws), torch.ones(16))
+    # A span of the user's own: our collective span must be its child.
+    tracer = TracerProvider().get_tracer("user-code")
+    with tracer.start_as_current_span("user.eval") as user_span:
+        dist.all_reduce(torch.ones(4))
+        ctx = user_span.get_span_context()
+    flushed = otel_torchdist.flush(10)
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"user_trace_id": f"{ctx.trace_id:032x}", "user_span_id": f"{ctx.span_id:016x}", "flushed": flushed}
+
+
+# ------------------------------------------------------------------------------------------- Prometheus
+def serve_metrics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Known collectives, then keep /metrics up until the test drops ``args["go"]`` (at most 120 s)."""
+    import otel_torchdist
+
+    otel_torchdist.instrument(
+        run_dir=os.path.join(out, "runs"),
+        run_id=args["run_id"],
+        metrics_exporter=("file", "prometheus"),
+        traces_exporter="file",
+        prometheus_host="127.0.0.1",
+        prometheus_port=args["base_port"],
+        span_schedule_delay=0.2,
+        summary="none",
+        drain_interval=0.05,
+    )
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    for _ in range(args["all_reduces"]):
+        dist.all_reduce(torch.ones(1024))
+    for _ in range(args["broadcasts"]):
+        dist.broadcast(torch.ones(256), src=0)
+    otel_torchdist.flush(10)
+    deadline = time.monotonic() + 120
+    while not os.path.exists(args["go"]) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {}
+
+
+# -------------------------------------------------------------------------------------------- lifecycle
+def instrument_after_init_no_teardown(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """instrument() after init_process_group, and neither uninstrument() nor destroy: exit must flush."""
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, rank, run_id="late")
+    for _ in range(5):
+        dist.all_reduce(torch.ones(64))
+    dist.broadcast(torch.ones(8), src=1)
+    return {}

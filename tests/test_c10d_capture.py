@@ -1,0 +1,220 @@
+"""Real 2- and 4-rank gloo jobs calling every c10d entry point: one true record per call per rank.
+
+One job per world size (``scenarios.all_ops``) runs every check's calls; the tests below read what each
+rank exported to its run folder and compare it with expectations written out in the scenario from
+nccl-tests' definitions, and with two independent oracles that watched the same calls: CommDebugMode
+(dispatcher level) and torch.profiler (gloo's own events).
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+from otel_torchdist import names as n
+
+from .harness import read_spans, run_ranks
+
+WORLD_SIZES = (2, 4)
+
+
+@pytest.fixture(scope="module", params=WORLD_SIZES, ids=lambda ws: f"ws{ws}")
+def job(request, tmp_path_factory):
+    ws = request.param
+    out = str(tmp_path_factory.mktemp(f"ops{ws}"))
+    results = run_ranks("all_ops", ws, out)
+    folder = os.path.join(out, "runs", f"ops-ws{ws}")
+    spans = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in range(ws)]
+    return {"ws": ws, "results": results, "spans": spans, "folder": folder}
+
+
+def _main_spans(spans):
+    """The spans of the per-entry-point section (not the oracle block), in call order."""
+    return sorted(
+        (s for s in spans if s["attributes"][n.COLL_GROUP_DESC] != "oracle"), key=lambda s: int(s["startTimeUnixNano"])
+    )
+
+
+def _pairs(job):
+    for rank in range(job["ws"]):
+        expected = job["results"][rank]["expected"]
+        got = _main_spans(job["spans"][rank])
+        yield rank, expected, got
+
+
+def test_one_record_per_call_per_rank(job):
+    for rank, expected, got in _pairs(job):
+        assert [s["name"] for s in got] == [e["op"] for e in expected], f"rank {rank}"
+
+
+def test_message_size_follows_nccl_tests(job):
+    for rank, expected, got in _pairs(job):
+        for e, s in zip(expected, got):
+            a = s["attributes"]
+            assert a[n.COLL_MESSAGE_SIZE] == e["S"], f"rank {rank} {e['op']}: S"
+            if "bytes_sent" in e:
+                assert a[n.COLL_BYTES_SENT] == e["bytes_sent"]
+                assert a[n.COLL_BYTES_RECEIVED] == e["bytes_received"]
+            if "coalesced_ops" in e:
+                assert a[n.COLL_COALESCED_OPS] == e["coalesced_ops"]
+            assert a[n.COLL_SOURCE] == e.get("source", "c10d"), f"rank {rank} {e['op']}: source"
+
+
+def test_group_rank_root_and_peer(job):
+    ws = job["ws"]
+    for rank, expected, got in _pairs(job):
+        for e, s in zip(expected, got):
+            a = s["attributes"]
+            label = f"rank {rank} {e['op']}"
+            assert a[n.COLL_GROUP_DESC] == e["group"], label
+            assert a[n.COLL_GROUP_SIZE] == e.get("group_size", ws), label
+            if "group_rank" in e:
+                assert a[n.COLL_GROUP_RANK] == e["group_rank"], label
+            elif e["group"] == "default_pg":
+                assert a[n.COLL_GROUP_RANK] == rank, label
+                assert a[n.COLL_GROUP_RANKS] == list(range(ws)), label
+            assert a.get(n.COLL_ROOT) == e["root"], label
+            assert a.get(n.COLL_PEER) == e["peer"], label
+            assert a[n.COLL_ASYNC] is e["async_"], label
+            assert s["resource"][n.RANK] == rank
+
+
+def test_async_collective_is_timed_to_completion_not_to_wait(job):
+    for rank, expected, got in _pairs(job):
+        for e, s in zip(expected, got):
+            a = s["attributes"]
+            seconds = (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9
+            assert a[n.COLL_DURATION] == pytest.approx(seconds, abs=1e-6)
+            if e["end"] is not None:
+                assert a[n.COLL_END_SOURCE] == e["end"], f"rank {rank} {e['op']}"
+            if "max_seconds" in e:
+                # The wait() came 0.4 s after the call; the collective itself takes milliseconds.
+                assert seconds < e["max_seconds"], f"rank {rank}: async {e['op']} was charged the wait ({seconds:.3f}s)"
+
+
+def test_exception_reraised_unchanged_with_error_span(job):
+    for rank, expected, got in _pairs(job):
+        result = job["results"][rank]
+        assert result["instrumented_error"] == result["plain_error"]
+        errors = [s for s in got if s.get("status", {}).get("code") == 2]
+        assert [e["error"] for e in expected] == [s.get("status", {}).get("code") == 2 for s in got]
+        assert len(errors) == 2  # the plain call (seen at the ProcessGroup level) and the instrumented one
+        for span in errors:
+            assert span["attributes"][n.ERROR_TYPE] == "RuntimeError"
+            assert result["plain_error"][1] in span["status"]["message"]
+            (event,) = span["events"]
+            assert event["name"] == "exception"
+            assert {a["key"] for a in event["attributes"]} == {n.EXCEPTION_TYPE, n.EXCEPTION_MESSAGE}
+
+
+def test_bandwidth_uses_nccl_tests_bus_factors(job):
+    ws = job["ws"]
+    factor = {
+        "all_reduce": 2 * (ws - 1) / ws,
+        "all_gather": (ws - 1) / ws,
+        "reduce_scatter": (ws - 1) / ws,
+        "all_to_all": (ws - 1) / ws,
+        "broadcast": 1.0,
+        "reduce": 1.0,
+        "send_recv": 1.0,
+    }
+    checked = 0
+    for rank, expected, got in _pairs(job):
+        for s in got:
+            a = s["attributes"]
+            if a[n.COLL_KIND] not in factor or a[n.COLL_GROUP_SIZE] != ws or a[n.COLL_DURATION] <= 0:
+                continue
+            algbw = a[n.COLL_MESSAGE_SIZE] / a[n.COLL_DURATION] / 1e9
+            assert a[n.COLL_ALGBW] == pytest.approx(algbw, rel=1e-9)
+            assert a[n.COLL_BUSBW] == pytest.approx(algbw * factor[a[n.COLL_KIND]], rel=1e-9)
+            checked += 1
+    assert checked > 20
+
+
+# Which dispatcher op CommDebugMode counts, and which gloo event torch.profiler records, for each call.
+COMM_DEBUG_OP = {
+    "all_reduce": "c10d.allreduce_",
+    "broadcast": "c10d.broadcast_",
+    "all_gather_into_tensor": "c10d._allgather_base_",
+    "reduce_scatter_tensor": "c10d._reduce_scatter_base_",
+    "all_to_all_single": "c10d.alltoall_base_",
+    "all_gather": "c10d.allgather_",
+    "reduce": "c10d.reduce_",
+    "gather": "c10d.gather_",
+    "scatter": "c10d.scatter_",
+}
+GLOO_EVENT = {
+    "all_reduce": "gloo:all_reduce",
+    "reduce_scatter_tensor": "gloo:all_reduce",  # gloo implements it as an all-reduce
+    "broadcast": "gloo:broadcast",
+    "all_gather_into_tensor": "gloo:all_gather",
+    "all_gather": "gloo:all_gather",
+    "all_to_all_single": "gloo:all_to_all",
+    "reduce": "gloo:reduce",
+    "gather": "gloo:gather",
+    "scatter": "gloo:scatter",
+}
+
+
+def test_counts_agree_with_comm_debug_mode_and_profiler(job):
+    for rank in range(job["ws"]):
+        ours = Counter(s["name"] for s in job["spans"][rank] if s["attributes"][n.COLL_GROUP_DESC] == "oracle")
+        result = job["results"][rank]
+        assert sum(ours.values()) == 3 * len(result["oracle_mix"])
+        via_debug_mode = Counter()
+        via_profiler = Counter()
+        for op, count in ours.items():
+            via_debug_mode[COMM_DEBUG_OP[op]] += count
+            via_profiler[GLOO_EVENT[op]] += count
+        assert dict(via_debug_mode) == result["comm_debug_counts"], f"rank {rank}"
+        assert dict(via_profiler) == result["profiler_counts"], f"rank {rank}"
+
+
+def test_resource_identifies_rank_and_shared_run(job):
+    ws = job["ws"]
+    instance_ids = set()
+    for rank in range(ws):
+        resources = {tuple(sorted(s["resource"].items())) for s in job["spans"][rank]}
+        assert len(resources) == 1
+        res = job["spans"][rank][0]["resource"]
+        assert res[n.RANK] == rank
+        assert res[n.WORLD_SIZE] == ws
+        assert res[n.RUN_ID] == f"ops-ws{ws}"
+        assert res[n.BACKEND] == "gloo"
+        assert res[n.TORCH_VERSION].startswith("2.")
+        assert res[n.SERVICE_NAME]
+        assert res[n.HOST_NAME]
+        instance_ids.add(res[n.SERVICE_INSTANCE_ID])
+    assert len(instance_ids) == ws
+
+
+def test_metrics_agree_with_spans(job):
+    from .harness import last_metrics
+
+    for rank in range(job["ws"]):
+        metrics = last_metrics(os.path.join(job["folder"], f"metrics.rank{rank}.jsonl"))
+        spans = job["spans"][rank]
+        by_key = Counter((s["name"], _label(s)) for s in spans)
+        bytes_by_key = Counter()
+        for s in spans:
+            bytes_by_key[(s["name"], _label(s))] += s["attributes"][n.COLL_MESSAGE_SIZE]
+        calls = {(p["attributes"]["op"], p["attributes"]["group"]): int(p["asInt"]) for p in metrics[n.COLLECTIVE_CALLS.name]}
+        nbytes = {(p["attributes"]["op"], p["attributes"]["group"]): int(p["asInt"]) for p in metrics[n.COLLECTIVE_BYTES.name]}
+        assert calls == dict(by_key)
+        assert nbytes == dict(bytes_by_key)
+        errors = {k: int(p["asInt"]) for p in metrics[n.COLLECTIVE_ERRORS.name] for k in [(p["attributes"]["op"], p["attributes"]["group"])] if int(p["asInt"])}
+        assert errors == {("broadcast", "default_pg"): 2}
+        hist = {(p["attributes"]["op"], p["attributes"]["group"]): p for p in metrics[n.COLLECTIVE_DURATION.name]}
+        for key, count in by_key.items():
+            assert int(hist[key]["count"]) == count
+            assert sum(int(c) for c in hist[key]["bucketCounts"]) == count
+        for p in metrics[n.COLLECTIVE_CALLS.name]:
+            assert p["attributes"]["rank"] == str(rank)
+            assert p["attributes"]["run"] == f"ops-ws{job['ws']}"
+
+
+def _label(span):
+    a = span["attributes"]
+    return a[n.COLL_GROUP_DESC] if a[n.COLL_GROUP_DESC] not in ("", "undefined") else f"pg{a[n.COLL_GROUP_NAME]}"

@@ -1,0 +1,34 @@
+"""Under torch.compile the wrappers step aside: no graph break, and the compiled code still runs."""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _step(x):
+    y = x * 2
+    dist.all_reduce(y)
+    z = torch.empty(8)
+    dist.all_gather_into_tensor(z, y)
+    return z + 1
+
+
+def test_no_graph_break_added(fake_pg, instrumented):
+    torch._dynamo.reset()
+    plain = torch._dynamo.explain(_step)(torch.ones(2))
+    instrumented()
+    torch._dynamo.reset()
+    wrapped = torch._dynamo.explain(_step)(torch.ones(2))
+    assert wrapped.graph_break_count == plain.graph_break_count == 0
+    assert wrapped.graph_count == plain.graph_count == 1
+    # Dynamo saw through the wrapper to the original, and remapped it to functional collectives.
+    graph_code = "\n".join(g.code for g in wrapped.graphs)
+    assert "_c10d_functional" in graph_code or "all_reduce" in graph_code
+
+
+def test_compiled_function_runs_instrumented(fake_pg, instrumented):
+    instrumented()
+    torch._dynamo.reset()
+    compiled = torch.compile(_step, backend="aot_eager")
+    assert torch.equal(compiled(torch.ones(2)), _step(torch.ones(2)))

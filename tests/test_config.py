@@ -1,0 +1,118 @@
+"""Configuration: keyword options > OTEL_* variables > defaults; bad values name the setting."""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_torchdist import config
+
+
+def test_defaults():
+    cfg = config.load({}, environ={})
+    assert cfg.service_name == "torch-distributed"
+    assert cfg.protocol == "http/protobuf"
+    assert cfg.resolved_traces_exporter() == "file"
+    assert cfg.resolved_metrics_exporters() == ("file", "prometheus")
+    assert cfg.metric_export_interval == 60.0
+    assert cfg.prometheus_port == 9464
+
+
+def test_standard_variables_are_read():
+    env = {
+        "OTEL_SERVICE_NAME": "trainer",
+        "OTEL_RESOURCE_ATTRIBUTES": "team=ml,job%20name=llm%2C7b,service.name=ignored",
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "http://collector:4317",
+        "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20abc,x-tenant=7",
+        "OTEL_TRACES_SAMPLER": "traceidratio",
+        "OTEL_TRACES_SAMPLER_ARG": "0.25",
+        "OTEL_METRIC_EXPORT_INTERVAL": "5000",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "3",
+    }
+    cfg = config.load({}, environ=env)
+    assert cfg.service_name == "trainer"
+    assert cfg.resource_attributes == {"team": "ml", "job name": "llm,7b"}
+    assert cfg.endpoint == "http://collector:4317"
+    assert cfg.protocol == "grpc"
+    assert cfg.headers == {"authorization": "Bearer abc", "x-tenant": "7"}
+    assert (cfg.traces_sampler, cfg.traces_sampler_arg) == ("traceidratio", 0.25)
+    assert cfg.metric_export_interval == 5.0
+    assert cfg.timeout == 3.0
+    assert cfg.resolved_traces_exporter() == "otlp"
+    assert cfg.resolved_metrics_exporters() == ("otlp", "prometheus")
+
+
+def test_service_name_from_resource_attributes_when_not_set_directly():
+    cfg = config.load({}, environ={"OTEL_RESOURCE_ATTRIBUTES": "service.name=from-attrs"})
+    assert cfg.service_name == "from-attrs"
+
+
+def test_keyword_options_win_and_mappings_merge():
+    env = {"OTEL_SERVICE_NAME": "env", "OTEL_RESOURCE_ATTRIBUTES": "a=1,b=2", "OTEL_TRACES_SAMPLER": "always_off"}
+    cfg = config.load({"service_name": "kw", "resource_attributes": {"b": "3"}}, environ=env)
+    assert cfg.service_name == "kw"
+    assert cfg.resource_attributes == {"a": "1", "b": "3"}
+    assert cfg.traces_sampler == "always_off"
+
+
+@pytest.mark.parametrize(
+    "var,value",
+    [
+        ("OTEL_METRIC_EXPORT_INTERVAL", "soon"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "-5"),
+        ("OTEL_EXPORTER_OTLP_PROTOCOL", "carrier-pigeon"),
+        ("OTEL_TRACES_SAMPLER", "sometimes"),
+        ("OTEL_TRACES_SAMPLER_ARG", "2.5"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "ftp://collector:21"),
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:99999"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "novalue"),
+        ("OTEL_EXPORTER_PROMETHEUS_PORT", "http"),
+        ("OTEL_EXPORTER_PROMETHEUS_PORT", "70000"),
+        ("OTEL_BSP_MAX_QUEUE_SIZE", "0"),
+        ("OTEL_METRICS_EXPORTER", "otlp,graphite"),
+        ("OTEL_SDK_DISABLED", "maybe"),
+        ("OTEL_TORCHDIST_RUN_ID", "run/../../etc"),
+        ("OTEL_TORCHDIST_SUMMARY", "everyone"),
+        ("OTEL_TORCHDIST_MAX_QUEUED_RECORDS", "lots"),
+    ],
+)
+def test_bad_variable_raises_value_error_naming_it(var, value):
+    with pytest.raises(ValueError) as info:
+        config.load({}, environ={var: value})
+    assert var in str(info.value)
+    assert repr(value) in str(info.value)
+
+
+@pytest.mark.parametrize(
+    "option,value",
+    [
+        ("protocol", "udp"),
+        ("metric_export_interval", 0),
+        ("metric_export_interval", "5"),
+        ("span_queue_size", 1.5),
+        ("prometheus_port", -1),
+        ("headers", {"a": 1}),
+        ("endpoint", "collector"),  # no scheme is fine...
+        ("run_id", ""),
+        ("disabled", "yes"),
+    ],
+)
+def test_bad_option_raises_value_error_naming_it(option, value):
+    if option == "endpoint":
+        assert config.load({option: value}, environ={}).endpoint == "collector"  # ...host alone is accepted
+        return
+    with pytest.raises(ValueError) as info:
+        config.load({option: value}, environ={})
+    assert option in str(info.value)
+
+
+def test_unknown_option_is_refused_with_the_valid_ones_listed():
+    with pytest.raises(TypeError, match="unknown option.*servce_name.*valid options are: service_name"):
+        config.load({"servce_name": "x"}, environ={})
+
+
+def test_metrics_exporter_list_and_none():
+    cfg = config.load({}, environ={"OTEL_METRICS_EXPORTER": "prometheus"})
+    assert cfg.resolved_metrics_exporters() == ("prometheus",)
+    cfg = config.load({"metrics_exporter": "none"}, environ={})
+    assert cfg.resolved_metrics_exporters() == ()

@@ -1,0 +1,90 @@
+"""Spans and metrics leave real processes over OTLP and arrive at real receivers.
+
+rotel (a Rust OTLP collector) receives rank 0 over gRPC and rank 1 over HTTP/protobuf in the same job;
+oteltap (an OTLP/HTTP receiver) decodes the protobuf so the exact field values can be asserted.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_torchdist import names as n
+
+from .harness import run_ranks, wait_for
+from .peers import OtelTap, Rotel
+
+
+@pytest.fixture
+def rotel(tmp_path):
+    r = Rotel(str(tmp_path)).start()
+    yield r
+    r.stop()
+
+
+@pytest.fixture
+def tap():
+    t = OtelTap().start()
+    yield t
+    t.stop()
+
+
+def test_grpc_and_http_reach_a_real_collector(rotel, tmp_path):
+    args = {"run_id": "otlp-rotel", "endpoints": [[rotel.grpc_endpoint, "grpc"], [rotel.http_endpoint, "http/protobuf"]]}
+    results = run_ranks("export_otlp", 2, str(tmp_path / "job"), args)
+    assert all(r["flushed"] for r in results)
+
+    def both_ranks():
+        got = rotel.received()
+        ids = {s["resource"].get(n.SERVICE_INSTANCE_ID) for s in got["spans"]}
+        return got if ids >= {"otlp-rotel-rank0", "otlp-rotel-rank1"} else None
+
+    got = wait_for(both_ranks, 20, what="spans of both ranks at rotel")
+    for rank, transport in ((0, "grpc"), (1, "http")):
+        spans = [s for s in got["spans"] if s["resource"][n.SERVICE_INSTANCE_ID] == f"otlp-rotel-rank{rank}"]
+        names = sorted(s["Name"] for s in spans)
+        assert names == sorted(["all_reduce"] * 4 + ["broadcast", "all_gather_into_tensor"]), transport
+        res = spans[0]["resource"]
+        assert res[n.SERVICE_NAME] == "otlp-test"
+        assert res[n.RANK] == rank and res[n.WORLD_SIZE] == 2 and res[n.RUN_ID] == "otlp-rotel"
+        big = [s for s in spans if s["attributes"].get(n.COLL_MESSAGE_SIZE) == 1024]
+        assert len(big) == 3 and all(s["attributes"][n.COLL_KIND] == "all_reduce" for s in big)
+        child = [s for s in spans if s["Parent ID"]]
+        assert len(child) == 1
+        assert child[0]["Trace ID"] == results[rank]["user_trace_id"]
+        assert child[0]["Parent ID"] == results[rank]["user_span_id"]
+        metric_names = {m.get("name") for m in got["metrics"] if m["resource"].get(n.RANK) == rank}
+        assert {m.name for m in n.METRICS} <= metric_names, transport
+
+
+def test_http_protobuf_fields_decoded_by_oteltap(tap, tmp_path):
+    args = {"run_id": "otlp-tap", "endpoints": [[tap.endpoint, "http/protobuf"]] * 2}
+    results = run_ranks("export_otlp", 2, str(tmp_path / "job"), args)
+    wait_for(lambda: len(tap.spans) >= 12, 20, what="12 spans at oteltap")
+    spans = tap.spans
+    assert len(spans) == 12
+    # Outside a user span each collective is a root; inside one it joins the user's trace.
+    assert len({s.trace_id.hex() for s in spans}) == 12
+    assert {s.trace_id.hex() for s in spans if s.parent_span_id} == {r["user_trace_id"] for r in results}
+    for span in spans:
+        attrs = {kv.key: kv.value for kv in span.attributes}
+        assert attrs[n.COLL_OP].string_value == span.name
+        assert attrs[n.COLL_GROUP_SIZE].int_value == 2
+        assert attrs[n.COLL_DURATION].double_value == pytest.approx(
+            (span.end_time_unix_nano - span.start_time_unix_nano) / 1e9, abs=1e-6
+        )
+        assert span.kind == 1  # INTERNAL
+        if span.name == "all_gather_into_tensor":
+            assert attrs[n.COLL_MESSAGE_SIZE].int_value == 16 * 4 * 2
+            assert [v.string_value for v in attrs[n.COLL_SHAPES].array_value.values] == ["[32]"]
+    children = [s for s in spans if s.parent_span_id]
+    assert sorted(s.parent_span_id.hex() for s in children) == sorted(r["user_span_id"] for r in results)
+    wait_for(lambda: {m.name for m in tap.metrics} >= {m.name for m in n.METRICS}, 20, what="metrics at oteltap")
+    calls = [m for m in tap.metrics if m.name == n.COLLECTIVE_CALLS.name]
+    values = {
+        (dp.attributes[0].value.string_value, dp.attributes[2].value.string_value): dp.as_int
+        for m in calls
+        for dp in m.sum.data_points
+    }
+    assert values[("otlp-tap", "all_reduce")] == 4

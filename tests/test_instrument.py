@@ -1,0 +1,119 @@
+"""instrument() / uninstrument(): identity restore, idempotence, refusal without half-state, P2POp."""
+
+from __future__ import annotations
+
+import logging
+import os
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import otel_torchdist
+from otel_torchdist import TorchDistributedInstrumentor
+from otel_torchdist.capture import c10d
+from otel_torchdist.patching import _MISSING, _own_attribute
+
+from .harness import read_spans
+
+
+def _snapshot():
+    """Every patch site that exists in this torch (c10d has no ``_broadcast_coalesced`` binding, say)."""
+    found = {(id(p.owner), p.name): _own_attribute(p.owner, p.name)[0] for p in c10d.patches()}
+    return {k: v for k, v in found.items() if v is not _MISSING}
+
+
+def test_uninstrument_restores_every_patched_attribute_to_the_identical_object(fake_pg, instrumented):
+    before = _snapshot()
+    assert len(before) > 60  # both namespaces, ProcessGroup methods, Work.wait
+    instrumented()
+    during = _snapshot()
+    replaced = [key for key in before if during[key] is not before[key]]
+    assert len(replaced) == len(before), "every patch site is instrumented"
+    otel_torchdist.uninstrument()
+    after = _snapshot()
+    assert all(after[key] is before[key] for key in before)
+    # pybind methods come back as the stored descriptor, so self-binding still works
+    assert c10d.c10d.ProcessGroup.__dict__["send"] is before[(id(c10d.c10d.ProcessGroup), "send")]
+    dist.all_reduce(torch.ones(2))
+
+
+def test_instrument_twice_is_harmless(fake_pg, instrumented, caplog):
+    folder = instrumented()
+    first = _snapshot()
+    with caplog.at_level(logging.WARNING):
+        otel_torchdist.instrument(run_dir="elsewhere")
+    assert "already instrumented" in caplog.text
+    assert _snapshot() == first
+    dist.all_reduce(torch.ones(2))
+    otel_torchdist.uninstrument()
+    otel_torchdist.uninstrument()  # and twice the other way: only a warning
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    assert [s["name"] for s in spans] == ["all_reduce"]
+
+
+def test_bad_option_refuses_without_patching_anything(fake_pg):
+    before = _snapshot()
+    with pytest.raises(ValueError, match="protocol"):
+        otel_torchdist.instrument(protocol="smoke-signals")
+    assert _snapshot() == before
+    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_bad_variable_names_it(fake_pg, monkeypatch):
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "every now and then")
+    with pytest.raises(ValueError, match="OTEL_METRIC_EXPORT_INTERVAL"):
+        otel_torchdist.instrument()
+    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_sdk_disabled_patches_nothing(fake_pg, monkeypatch):
+    monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
+    before = _snapshot()
+    otel_torchdist.instrument()
+    try:
+        assert _snapshot() == before
+    finally:
+        otel_torchdist.uninstrument()
+
+
+def test_p2pop_and_isend_identity_survive(fake_pg, instrumented):
+    instrumented()
+    # P2POp checks its op against the module's isend/irecv by identity: they must not be replaced.
+    op = dist.P2POp(dist.isend, torch.ones(2), 1)
+    assert op.op is dist.isend is c10d.c10d.isend
+    dist.P2POp(dist.irecv, torch.ones(2), 1)
+    assert not hasattr(dist.isend, "__otel_torchdist_wrapped__")
+
+
+def test_wrappers_keep_names_docs_and_signatures(fake_pg, instrumented):
+    import inspect
+
+    original = inspect.signature(dist.all_reduce)
+    instrumented()
+    assert dist.all_reduce.__name__ == "all_reduce"
+    assert dist.all_reduce.__doc__ and "all_reduce" in dist.all_reduce.__doc__ or dist.all_reduce.__doc__
+    assert inspect.signature(dist.all_reduce) == original
+
+
+def test_result_and_exception_pass_through(fake_pg, instrumented):
+    folder = instrumented()
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    assert isinstance(work, dist.Work)
+    assert dist.all_reduce(torch.ones(2)) is None
+    objs = [None] * 4
+    dist.all_gather_object(objs, {"a": 1})
+    with pytest.raises(TypeError):
+        dist.all_reduce("not a tensor")
+    otel_torchdist.uninstrument()
+    names = [s["name"] for s in read_spans(os.path.join(folder, "traces.rank0.jsonl"))]
+    assert sorted(names) == ["all_gather_object", "all_reduce", "all_reduce", "all_reduce"]
+
+
+def test_entry_point_is_registered():
+    from importlib.metadata import entry_points
+
+    eps = entry_points(group="opentelemetry_instrumentor")
+    (ep,) = [e for e in eps if e.name == "torch_distributed"]
+    assert ep.load() is TorchDistributedInstrumentor
+    assert TorchDistributedInstrumentor().instrumentation_dependencies() == ("torch >= 2.6",)

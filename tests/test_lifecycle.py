@@ -1,0 +1,55 @@
+"""Start and end of an instrumented process: late instrument(), flush at exit without teardown."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+
+from otel_torchdist import names as n
+
+from .harness import REPO, read_spans, run_ranks
+
+
+def test_instrument_after_init_and_flush_at_exit(tmp_path):
+    out = str(tmp_path / "job")
+    run_ranks("instrument_after_init_no_teardown", 2, out)
+    folder = os.path.join(out, "runs", "late")
+    for rank in range(2):
+        spans = read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl"))
+        assert sorted(s["name"] for s in spans) == ["all_reduce"] * 5 + ["broadcast"]
+        assert spans[0]["resource"][n.RANK] == rank
+        assert os.path.exists(os.path.join(folder, f"summary.rank{rank}.json"))
+        assert os.path.exists(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
+    (b,) = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == "broadcast"]
+    assert b["attributes"][n.COLL_ROOT] == 1
+
+
+def test_plain_script_flushes_at_exit_quickly(tmp_path):
+    script = textwrap.dedent(
+        f"""
+        import torch, torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        import otel_torchdist
+        otel_torchdist.instrument(run_dir={str(tmp_path)!r}, run_id="atexit", metrics_exporter=("file",))
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+        for _ in range(100):
+            dist.all_reduce(torch.ones(16))
+        print("training done", flush=True)
+        """
+    )
+    start = time.monotonic()
+    proc = subprocess.run(
+        [sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OTEL_BSP_SCHEDULE_DELAY": "60000"},  # nothing leaves before exit
+    )
+    elapsed = time.monotonic() - start
+    assert proc.returncode == 0, proc.stderr
+    spans = read_spans(os.path.join(str(tmp_path), "atexit", "traces.rank0.jsonl"))
+    assert len(spans) == 100
+    # The summary is printed on rank 0 at exit, with the table and where the telemetry went.
+    assert "otel-torchdist summary: run atexit, rank 0 of 8 (fake)" in proc.stderr
+    assert "all_reduce" in proc.stderr and "run folder:" in proc.stderr
+    assert elapsed < 60
