@@ -42,9 +42,11 @@ def _progress(step: int, total: int, loss: float, started: float) -> None:
     width = 30
     done = int(width * step / total)
     rate = step / max(time.monotonic() - started, 1e-9)
-    sys.stderr.write(f"\r  [{'#' * done}{'.' * (width - done)}] step {step}/{total}  loss {loss:.4f}  {rate:.1f} steps/s")
-    if step == total:
-        sys.stderr.write("\n")
+    line = f"  [{'#' * done}{'.' * (width - done)}] step {step}/{total}  loss {loss:.4f}  {rate:.1f} steps/s"
+    if sys.stderr.isatty():
+        sys.stderr.write("\r" + line + ("\n" if step == total else ""))
+    elif step == total or step % max(total // 4, 1) == 0:
+        sys.stderr.write(line + "\n")  # a log file gets a few whole lines, not a wall of carriage returns
     sys.stderr.flush()
 
 
@@ -80,7 +82,7 @@ def worker(rank: int, args: DemoArgs, port: int, backend: str) -> None:
         if step % 5 == 0:
             stats = torch.tensor([loss.item(), float(step)], device=device)
             gathered = torch.empty(2 * args.nproc, device=device)
-            dist.all_gather_into_tensor(gathered, stats)
+            dist.all_gather_single(gathered, stats)
         if rank == 0:
             _progress(step, args.steps, avg.item(), started)
     dist.barrier()
