@@ -306,11 +306,15 @@ def serve_metrics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
 
 # -------------------------------------------------------------------------------------------- lifecycle
-def instrument_after_init_no_teardown(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
-    """instrument() after init_process_group, and neither uninstrument() nor destroy: exit must flush."""
+def instrument_after_init_no_uninstrument(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """instrument() after init_process_group and no uninstrument(): process exit must finish the job.
+
+    (destroy_process_group() is still called: gloo itself aborts now and then at exit without it.)
+    """
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     _instrument(out, rank, run_id="late")
     for _ in range(5):
         dist.all_reduce(torch.ones(64))
     dist.broadcast(torch.ones(8), src=1)
+    dist.destroy_process_group()
     return {}

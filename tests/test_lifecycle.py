@@ -15,12 +15,13 @@ from .harness import REPO, read_spans, run_ranks
 
 def test_instrument_after_init_and_flush_at_exit(tmp_path):
     out = str(tmp_path / "job")
-    run_ranks("instrument_after_init_no_teardown", 2, out)
+    run_ranks("instrument_after_init_no_uninstrument", 2, out)
     folder = os.path.join(out, "runs", "late")
     for rank in range(2):
         spans = read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl"))
         assert sorted(s["name"] for s in spans) == ["all_reduce"] * 5 + ["broadcast"]
         assert spans[0]["resource"][n.RANK] == rank
+        # The summary is written only when the runtime closes: here, by the exit finalizer of a spawned child.
         assert os.path.exists(os.path.join(folder, f"summary.rank{rank}.json"))
         assert os.path.exists(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
     (b,) = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == "broadcast"]
