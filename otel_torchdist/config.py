@@ -163,6 +163,25 @@ class Config:
     summary: str = "rank0"
     """Who prints the end-of-run summary: ``rank0``, ``all`` or ``none``. Env: ``OTEL_TORCHDIST_SUMMARY``."""
 
+    system_metrics: bool = True
+    """Sample GPU (NVML), CUDA allocator, process and host metrics on a background thread. Env:
+    ``OTEL_TORCHDIST_SYSTEM_METRICS``. Without GPUs or NVML there are simply no GPU series."""
+
+    system_interval: float = 5.0
+    """Seconds between system samples. Env: ``OTEL_TORCHDIST_SYSTEM_INTERVAL_MS`` (milliseconds)."""
+
+    warn_gpu_utilization: float = 0.2
+    """Warn (event, log line) when a GPU's utilization stays below this fraction for a whole
+    ``warn_gpu_utilization_window``. Env: ``OTEL_TORCHDIST_WARN_GPU_UTILIZATION``; 0 disables."""
+
+    warn_gpu_utilization_window: float = 120.0
+    """Seconds of sustained low utilization before warning. Env:
+    ``OTEL_TORCHDIST_WARN_GPU_UTILIZATION_WINDOW_MS`` (milliseconds)."""
+
+    warn_memory_fraction: float = 0.95
+    """Warn when GPU memory in use exceeds this fraction of the total. Env:
+    ``OTEL_TORCHDIST_WARN_MEMORY_FRACTION``; 0 disables."""
+
     def validate(self) -> Config:
         """Check every field; raise ValueError naming the keyword option at fault."""
         _choice("protocol", self.protocol, PROTOCOLS)
@@ -206,6 +225,13 @@ class Config:
         if self.insecure is not None and not isinstance(self.insecure, bool):
             raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
         _choice("summary", self.summary, SUMMARY_MODES)
+        for name in ("system_metrics",):
+            if not isinstance(getattr(self, name), bool):
+                raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
+        for name in ("system_interval", "warn_gpu_utilization_window"):
+            _number(name, getattr(self, name), 0.0, None, exclusive_min=True)
+        for name in ("warn_gpu_utilization", "warn_memory_fraction"):
+            _number(name, getattr(self, name), 0.0, 1.0)
         return self
 
     # ---------------------------------------------------------------------------- derived settings
@@ -391,6 +417,11 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),
     (PREFIX + "METRICS_RANK_LABEL", "metrics_rank_label", _parse_bool),
     (PREFIX + "SUMMARY", "summary", _parse_choice(SUMMARY_MODES)),
+    (PREFIX + "SYSTEM_METRICS", "system_metrics", _parse_bool),
+    (PREFIX + "SYSTEM_INTERVAL_MS", "system_interval", _parse_ms),
+    (PREFIX + "WARN_GPU_UTILIZATION", "warn_gpu_utilization", _parse_float),
+    (PREFIX + "WARN_GPU_UTILIZATION_WINDOW_MS", "warn_gpu_utilization_window", _parse_ms),
+    (PREFIX + "WARN_MEMORY_FRACTION", "warn_memory_fraction", _parse_float),
 )
 
 ENV_VARS = tuple(var for var, _, _ in _ENV)

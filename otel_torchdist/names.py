@@ -58,6 +58,16 @@ RESOURCE_ATTRIBUTES = (
     LIBRARY_VERSION,
 )
 
+# Run description (system telemetry): what the run was, recorded once per rank.
+NODE_COUNT = "torchdist.node_count"
+CUDA_VERSION = "torchdist.cuda.version"
+NCCL_VERSION = "torchdist.nccl.version"
+GPU_MODELS = "torchdist.gpu.models"  # one entry per GPU this rank uses
+GPU_MEMORY = "torchdist.gpu.memory_bytes"  # total memory of those GPUs, one entry per GPU
+GPU_COUNT = "torchdist.gpu.count"  # GPUs visible to this process
+AMP_DTYPE = "torchdist.amp.dtype"  # autocast dtype when detected
+RUN_DESCRIPTION_ATTRIBUTES = (NODE_COUNT, CUDA_VERSION, NCCL_VERSION, GPU_MODELS, GPU_MEMORY, GPU_COUNT, AMP_DTYPE)
+
 # --------------------------------------------------------------------------------------------------
 # Span names. A collective's span is named after the API that was called (low cardinality: a fixed set).
 COLLECTIVE_SPAN_NAMES = (
@@ -170,6 +180,159 @@ END_ENQUEUE = "enqueue"  # only the launch was observed (GPU backend without com
 END_UNFINISHED = "unfinished"  # never observed to complete (work dropped, or process exiting)
 END_SOURCES = (END_RETURN, END_FUTURE, END_WAIT, END_NCCL_HOOK, END_ENQUEUE, END_UNFINISHED)
 
+# Where a collective came from (attributes on collective spans, set by the framework captures).
+COLL_PHASE = "torchdist.collective.phase"  # forward | backward | optimizer | other
+COLL_MODULE = "torchdist.collective.module"  # FQN of the module (FSDP unit) that issued it
+COLL_FRAMEWORK = "torchdist.collective.framework"  # ddp | fsdp | fsdp1 | dtensor | funcol | zero | c10d
+DDP_BUCKET_INDEX = "torchdist.ddp.bucket.index"
+DDP_BUCKET_BYTES = "torchdist.ddp.bucket.bytes"
+DDP_BUCKET_PARAMS = "torchdist.ddp.bucket.parameters"
+DDP_BUCKET_LAST = "torchdist.ddp.bucket.last"
+FSDP_ACTION = "torchdist.fsdp.action"  # unshard | reduce_scatter | all_reduce (HSDP)
+FUNCOL_WAIT_S = "torchdist.funcol.wait_s"  # time from issue to the wait_tensor that completed it
+PHASES = ("forward", "backward", "optimizer", "other")
+FRAMEWORKS = ("c10d", "ddp", "fsdp", "fsdp1", "dtensor", "funcol", "zero")
+SOURCE_ATTRIBUTES = (
+    COLL_PHASE,
+    COLL_MODULE,
+    COLL_FRAMEWORK,
+    DDP_BUCKET_INDEX,
+    DDP_BUCKET_BYTES,
+    DDP_BUCKET_PARAMS,
+    DDP_BUCKET_LAST,
+    FSDP_ACTION,
+    FUNCOL_WAIT_S,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Training-path spans: optimizer steps, model wrapping and sharding
+SPAN_OPTIMIZER_STEP = "optimizer.step"
+SPAN_DDP_INIT = "ddp.init"
+SPAN_FULLY_SHARD = "sharding.fully_shard"  # FSDP2
+SPAN_FSDP_WRAP = "sharding.fsdp_wrap"  # FSDP1
+SPAN_DISTRIBUTE_TENSOR = "sharding.distribute_tensor"
+SPAN_REDISTRIBUTE = "sharding.redistribute"
+SPAN_DISTRIBUTE_MODULE = "sharding.distribute_module"
+SPAN_PARALLELIZE_MODULE = "sharding.parallelize_module"
+TRAINING_SPAN_NAMES = (
+    SPAN_OPTIMIZER_STEP,
+    SPAN_DDP_INIT,
+    SPAN_FULLY_SHARD,
+    SPAN_FSDP_WRAP,
+    SPAN_DISTRIBUTE_TENSOR,
+    SPAN_REDISTRIBUTE,
+    SPAN_DISTRIBUTE_MODULE,
+    SPAN_PARALLELIZE_MODULE,
+)
+
+OPT_CLASS = "torchdist.optimizer.class"
+OPT_INNER_CLASS = "torchdist.optimizer.inner_class"  # ZeRO's local optimizer
+OPT_PARAM_GROUPS = "torchdist.optimizer.param_groups"
+OPT_PARAMS = "torchdist.optimizer.parameters"
+OPT_LR = "torchdist.optimizer.lr"  # one per parameter group
+OPT_MOMENTUM = "torchdist.optimizer.momentum"
+OPT_BETAS = "torchdist.optimizer.betas"  # "b1,b2" per parameter group
+OPT_STEP = "torchdist.optimizer.step_index"
+OPT_IN_BACKWARD = "torchdist.optimizer.in_backward"
+MODEL_CLASS = "torchdist.model.class"
+MODEL_PARAMS = "torchdist.model.parameters"
+MODEL_TRAINABLE = "torchdist.model.trainable_parameters"
+MODEL_PARAM_BYTES = "torchdist.model.parameter_bytes"
+DDP_BUCKET_CAP_MB = "torchdist.ddp.bucket_cap_mb"
+DDP_FIND_UNUSED = "torchdist.ddp.find_unused_parameters"
+DDP_GRAD_AS_BUCKET_VIEW = "torchdist.ddp.gradient_as_bucket_view"
+DDP_STATIC_GRAPH = "torchdist.ddp.static_graph"
+DDP_BROADCAST_BUFFERS = "torchdist.ddp.broadcast_buffers"
+DDP_COMM_HOOK = "torchdist.ddp.comm_hook"
+SHARD_MODULE = "torchdist.sharding.module"  # FQN of the module being sharded / parallelized
+SHARD_MODULES = "torchdist.sharding.modules"  # how many modules were wrapped
+SHARD_PARAMS = "torchdist.sharding.parameters"
+SHARD_ORIGINAL_SHAPES = "torchdist.sharding.original_shapes"
+SHARD_SHARDED_SHAPES = "torchdist.sharding.sharded_shapes"
+SHARD_PLACEMENTS_BEFORE = "torchdist.sharding.placements_before"
+SHARD_PLACEMENTS_AFTER = "torchdist.sharding.placements_after"
+SHARD_MESH_SHAPE = "torchdist.sharding.mesh_shape"
+SHARD_MESH_DIMS = "torchdist.sharding.mesh_dim_names"
+SHARD_PLAN = "torchdist.sharding.plan"  # parallelize_module: "fqn=Style" entries
+TRAINING_SPAN_ATTRIBUTES = (
+    OPT_CLASS,
+    OPT_INNER_CLASS,
+    OPT_PARAM_GROUPS,
+    OPT_PARAMS,
+    OPT_LR,
+    OPT_MOMENTUM,
+    OPT_BETAS,
+    OPT_STEP,
+    OPT_IN_BACKWARD,
+    MODEL_CLASS,
+    MODEL_PARAMS,
+    MODEL_TRAINABLE,
+    MODEL_PARAM_BYTES,
+    DDP_BUCKET_CAP_MB,
+    DDP_FIND_UNUSED,
+    DDP_GRAD_AS_BUCKET_VIEW,
+    DDP_STATIC_GRAPH,
+    DDP_BROADCAST_BUFFERS,
+    DDP_COMM_HOOK,
+    SHARD_MODULE,
+    SHARD_MODULES,
+    SHARD_PARAMS,
+    SHARD_ORIGINAL_SHAPES,
+    SHARD_SHARDED_SHAPES,
+    SHARD_PLACEMENTS_BEFORE,
+    SHARD_PLACEMENTS_AFTER,
+    SHARD_MESH_SHAPE,
+    SHARD_MESH_DIMS,
+    SHARD_PLAN,
+)
+
+# --------------------------------------------------------------------------------------------------
+# Steps, stragglers and hangs
+SPAN_STEP = "train.step"  # the shared root of one step's trace (rank 0 emits it)
+SPAN_RANK_STEP = "train.rank_step"  # one per rank and step, child of the root
+SPAN_PHASE = "train.phase"  # forward / backward / data wait inside a rank's step
+SPAN_HANG = "collective.hang"  # a collective in flight beyond the threshold
+SPAN_WARNING = "torchdist.warning"  # a warning with no better home (low GPU utilization, ...)
+STEP_SPAN_NAMES = (SPAN_STEP, SPAN_RANK_STEP, SPAN_PHASE, SPAN_HANG, SPAN_WARNING)
+
+STEP = "torchdist.step"  # the step index
+STEP_SOURCE = "torchdist.step.source"  # optimizer | explicit
+STEP_DURATION = "torchdist.step.duration_s"
+STEP_COMPUTE = "torchdist.step.compute_s"  # step time not spent blocked in collectives
+STEP_COLLECTIVE_WAIT = "torchdist.step.collective_wait_s"  # time blocked in collectives (calls, wait())
+STEP_COLLECTIVES = "torchdist.step.collectives"
+STEP_BYTES = "torchdist.step.message_bytes"
+STEP_LOSS = "torchdist.step.loss"
+STEP_LR = "torchdist.step.learning_rate"
+STEP_SAMPLES = "torchdist.step.samples"
+STEP_TOKENS = "torchdist.step.tokens"
+PHASE_NAME = "torchdist.phase"  # on train.phase spans: forward | backward | data_wait
+HANG_WAITED = "torchdist.hang.waited_s"
+HANG_THRESHOLD = "torchdist.hang.threshold_s"
+WARNING_KIND = "torchdist.warning.kind"
+WARNING_MESSAGE = "torchdist.warning.message"
+WARNING_EVENT = "torchdist.warning"
+HANG_EVENT = "collective.hang"
+WARNING_KINDS = ("low_gpu_utilization", "slow_step", "memory_near_limit", "ddp_config", "hang")
+STEP_SPAN_ATTRIBUTES = (
+    STEP,
+    STEP_SOURCE,
+    STEP_DURATION,
+    STEP_COMPUTE,
+    STEP_COLLECTIVE_WAIT,
+    STEP_COLLECTIVES,
+    STEP_BYTES,
+    STEP_LOSS,
+    STEP_LR,
+    STEP_SAMPLES,
+    STEP_TOKENS,
+    PHASE_NAME,
+    HANG_WAITED,
+    HANG_THRESHOLD,
+    WARNING_KIND,
+    WARNING_MESSAGE,
+)
+
 # --------------------------------------------------------------------------------------------------
 # Metric attributes (become Prometheus labels)
 M_OP = "op"
@@ -177,6 +340,17 @@ M_GROUP = "group"
 M_RANK = "rank"
 M_RUN = "run"
 M_KIND = "kind"  # telemetry self-metrics: what was dropped / which component failed
+M_OPTIMIZER = "optimizer"  # optimizer class
+M_MODEL = "model"  # wrapped model class
+M_PARAM_KIND = "kind"  # model parameters: total | trainable
+M_GPU = "gpu"  # GPU index as NVML numbers it (DCGM's "gpu")
+M_UUID = "uuid"  # GPU UUID (DCGM's "UUID")
+M_GPU_MODEL = "model"  # GPU model name (DCGM's "modelName")
+M_HOST = "host"  # host name (DCGM's "Hostname")
+M_DIRECTION = "direction"  # transmit | receive
+M_REASON = "reason"  # GPU throttle reason
+M_ERROR_KIND = "type"  # corrected | uncorrected
+M_DEVICE = "device"  # torch CUDA device index
 
 # --------------------------------------------------------------------------------------------------
 # Metrics
@@ -243,15 +417,270 @@ TELEMETRY_ERRORS = Metric(
     (M_RUN, M_RANK, M_KIND),
 )
 
-METRICS = (
-    COLLECTIVE_DURATION,
-    COLLECTIVE_CALLS,
-    COLLECTIVE_BYTES,
-    COLLECTIVE_BUS_BYTES,
-    COLLECTIVE_ERRORS,
-    TELEMETRY_DROPPED,
-    TELEMETRY_ERRORS,
+COLLECTIVE_METRICS = (COLLECTIVE_DURATION, COLLECTIVE_CALLS, COLLECTIVE_BYTES, COLLECTIVE_BUS_BYTES, COLLECTIVE_ERRORS)
+TELEMETRY_METRICS = (TELEMETRY_DROPPED, TELEMETRY_ERRORS)
+
+# ---- training paths: optimizer, models, DDP
+RANK_LABELS = (M_RUN, M_RANK)
+OPTIMIZER_STEP_DURATION = Metric(
+    "torchdist.optimizer.step.duration",
+    "histogram",
+    "s",
+    "Time inside optimizer.step(), outermost call only.",
+    (M_RUN, M_RANK, M_OPTIMIZER),
 )
+MODEL_PARAMETERS = Metric(
+    "torchdist.model.parameters",
+    "gauge",
+    "{parameter}",
+    "Parameters of a model wrapped by DDP or FSDP (kind=total|trainable), as seen on this rank before sharding.",
+    (M_RUN, M_RANK, M_MODEL, M_PARAM_KIND),
+)
+MODEL_PARAMETER_BYTES = Metric(
+    "torchdist.model.parameter_bytes",
+    "gauge",
+    "By",
+    "Bytes of a wrapped model's parameters before sharding.",
+    (M_RUN, M_RANK, M_MODEL),
+)
+DDP_FORWARD_COMPUTE = Metric(
+    "torchdist.ddp.forward_compute_time",
+    "gauge",
+    "s",
+    "DDP's own average forward compute time (its logging data, sampled).",
+    (M_RUN, M_RANK, M_MODEL),
+)
+DDP_BACKWARD_COMPUTE = Metric(
+    "torchdist.ddp.backward_compute_time",
+    "gauge",
+    "s",
+    "DDP's own average backward compute time (its logging data, sampled).",
+    (M_RUN, M_RANK, M_MODEL),
+)
+DDP_BACKWARD_COMM = Metric(
+    "torchdist.ddp.backward_comm_time",
+    "gauge",
+    "s",
+    "DDP's own average backward communication time (its logging data, sampled).",
+    (M_RUN, M_RANK, M_MODEL),
+)
+DDP_BACKWARD_OVERLAP = Metric(
+    "torchdist.ddp.backward_overlap_time",
+    "gauge",
+    "s",
+    "DDP's own average time backward compute and communication overlapped (its logging data, sampled).",
+    (M_RUN, M_RANK, M_MODEL),
+)
+DDP_BUCKETS = Metric(
+    "torchdist.ddp.buckets",
+    "gauge",
+    "{bucket}",
+    "Gradient buckets DDP reduces per step (after its bucket rebuild).",
+    (M_RUN, M_RANK, M_MODEL),
+)
+TRAINING_PATH_METRICS = (
+    OPTIMIZER_STEP_DURATION,
+    MODEL_PARAMETERS,
+    MODEL_PARAMETER_BYTES,
+    DDP_FORWARD_COMPUTE,
+    DDP_BACKWARD_COMPUTE,
+    DDP_BACKWARD_COMM,
+    DDP_BACKWARD_OVERLAP,
+    DDP_BUCKETS,
+)
+
+# ---- steps, stragglers, hangs, user step metrics
+STEP_DURATION_METRIC = Metric(
+    "torchdist.step.duration",
+    "histogram",
+    "s",
+    "Wall time of each training step on this rank.",
+    RANK_LABELS,
+)
+STEPS_METRIC = Metric("torchdist.steps", "counter", "{step}", "Training steps completed.", RANK_LABELS)
+STEP_COMPUTE_TIME = Metric(
+    "torchdist.step.compute_time",
+    "counter",
+    "s",
+    "Step time not spent blocked in collectives. Under DDP the slow rank is the one with the most.",
+    RANK_LABELS,
+)
+STEP_COLLECTIVE_WAIT_TIME = Metric(
+    "torchdist.step.collective_wait_time",
+    "counter",
+    "s",
+    "Step time blocked in collectives (blocking calls and wait()). The slow rank waits least.",
+    RANK_LABELS,
+)
+STEP_CURRENT = Metric("torchdist.step.current", "gauge", "{step}", "Index of the last completed step.", RANK_LABELS)
+STRAGGLER_SCORE = Metric(
+    "torchdist.straggler.score",
+    "gauge",
+    "1",
+    "How much of the recent step time the others spent waiting for this rank (0: never the last to arrive).",
+    RANK_LABELS,
+)
+STRAGGLER_SLOWEST = Metric(
+    "torchdist.straggler.slowest_rank",
+    "gauge",
+    "{rank}",
+    "The rank with the highest straggler score in the last exchange (-1 before the first).",
+    RANK_LABELS,
+)
+COLLECTIVE_INFLIGHT_AGE = Metric(
+    "torchdist.collective.inflight_age",
+    "gauge",
+    "s",
+    "Age of the oldest collective in flight on this group (0 when none).",
+    (M_RUN, M_RANK, M_GROUP),
+)
+COLLECTIVE_HANGS = Metric(
+    "torchdist.collective.hangs",
+    "counter",
+    "{collective}",
+    "Collectives that stayed in flight longer than the hang threshold.",
+    COLLECTIVE_LABELS,
+)
+GROUP_SEQ_STARTED = Metric(
+    "torchdist.group.last_started_seq",
+    "gauge",
+    "{collective}",
+    "Sequence number of the last collective this rank started on the group.",
+    (M_RUN, M_RANK, M_GROUP),
+)
+GROUP_SEQ_COMPLETED = Metric(
+    "torchdist.group.last_completed_seq",
+    "gauge",
+    "{collective}",
+    "Sequence number of the last collective this rank saw complete on the group.",
+    (M_RUN, M_RANK, M_GROUP),
+)
+# Dimensionless values that are not ratios get an annotation unit: unit "1" would add "_ratio".
+TRAIN_LOSS = Metric("torchdist.train.loss", "gauge", "{loss}", "Loss recorded for the last step.", RANK_LABELS)
+TRAIN_LR = Metric(
+    "torchdist.train.learning_rate", "gauge", "{learning_rate}", "Learning rate recorded for the last step.", RANK_LABELS
+)
+TRAIN_SAMPLES = Metric("torchdist.train.samples", "counter", "{sample}", "Samples processed.", RANK_LABELS)
+TRAIN_TOKENS = Metric("torchdist.train.tokens", "counter", "{token}", "Tokens processed.", RANK_LABELS)
+TRAIN_SAMPLE_RATE = Metric(
+    "torchdist.train.sample_throughput", "gauge", "{sample}/s", "Samples per second over the last step.", RANK_LABELS
+)
+TRAIN_TOKEN_RATE = Metric(
+    "torchdist.train.token_throughput", "gauge", "{token}/s", "Tokens per second over the last step.", RANK_LABELS
+)
+TRAIN_ETA = Metric(
+    "torchdist.train.eta", "gauge", "s", "Estimated time to the last step, when the total is known.", RANK_LABELS
+)
+STEP_METRICS = (
+    STEP_DURATION_METRIC,
+    STEPS_METRIC,
+    STEP_COMPUTE_TIME,
+    STEP_COLLECTIVE_WAIT_TIME,
+    STEP_CURRENT,
+    STRAGGLER_SCORE,
+    STRAGGLER_SLOWEST,
+    COLLECTIVE_INFLIGHT_AGE,
+    COLLECTIVE_HANGS,
+    GROUP_SEQ_STARTED,
+    GROUP_SEQ_COMPLETED,
+    TRAIN_LOSS,
+    TRAIN_LR,
+    TRAIN_SAMPLES,
+    TRAIN_TOKENS,
+    TRAIN_SAMPLE_RATE,
+    TRAIN_TOKEN_RATE,
+    TRAIN_ETA,
+)
+
+# ---- GPU, process and host (labels follow dcgm-exporter's: gpu, UUID, modelName, Hostname)
+GPU_LABELS = (M_RUN, M_RANK, M_GPU, M_UUID, M_GPU_MODEL, M_HOST)
+GPU_UTILIZATION = Metric("torchdist.gpu.utilization", "gauge", "1", "GPU utilization, 0..1 (NVML).", GPU_LABELS)
+GPU_MEMORY_USED = Metric("torchdist.gpu.memory.used", "gauge", "By", "GPU memory in use (NVML).", GPU_LABELS)
+GPU_MEMORY_TOTAL = Metric("torchdist.gpu.memory.total", "gauge", "By", "GPU memory in all (NVML).", GPU_LABELS)
+GPU_POWER = Metric("torchdist.gpu.power", "gauge", "W", "GPU power draw (NVML).", GPU_LABELS)
+GPU_TEMPERATURE = Metric("torchdist.gpu.temperature", "gauge", "Cel", "GPU temperature (NVML).", GPU_LABELS)
+GPU_SM_CLOCK = Metric("torchdist.gpu.sm_clock", "gauge", "Hz", "GPU SM clock (NVML).", GPU_LABELS)
+GPU_PCIE_THROUGHPUT = Metric(
+    "torchdist.gpu.pcie.throughput",
+    "gauge",
+    "By/s",
+    "PCIe throughput sampled by NVML (direction=transmit|receive).",
+    GPU_LABELS + (M_DIRECTION,),
+)
+GPU_NVLINK_IO = Metric(
+    "torchdist.gpu.nvlink.io",
+    "counter",
+    "By",
+    "NVLink bytes since the sampler started (direction=transmit|receive).",
+    GPU_LABELS + (M_DIRECTION,),
+)
+GPU_THROTTLED = Metric(
+    "torchdist.gpu.throttled",
+    "gauge",
+    "{state}",
+    "1 while NVML reports the throttle reason active, else 0.",
+    GPU_LABELS + (M_REASON,),
+)
+GPU_ECC_ERRORS = Metric(
+    "torchdist.gpu.ecc.errors",
+    "counter",
+    "{error}",
+    "ECC errors NVML counts (type=corrected|uncorrected).",
+    GPU_LABELS + (M_ERROR_KIND,),
+)
+CUDA_LABELS = (M_RUN, M_RANK, M_DEVICE)
+CUDA_ALLOCATED = Metric("torchdist.cuda.memory.allocated", "gauge", "By", "torch CUDA allocator: allocated.", CUDA_LABELS)
+CUDA_RESERVED = Metric("torchdist.cuda.memory.reserved", "gauge", "By", "torch CUDA allocator: reserved.", CUDA_LABELS)
+CUDA_PEAK = Metric("torchdist.cuda.memory.peak", "gauge", "By", "torch CUDA allocator: peak allocated.", CUDA_LABELS)
+CUDA_OOM_RETRIES = Metric(
+    "torchdist.cuda.oom_retries", "counter", "{retry}", "torch CUDA allocator: OOM retries.", CUDA_LABELS
+)
+PROCESS_CPU_TIME = Metric("torchdist.process.cpu.time", "counter", "s", "CPU time of this process.", RANK_LABELS)
+PROCESS_CPU_UTILIZATION = Metric(
+    "torchdist.process.cpu.utilization", "gauge", "{cpu}", "CPU use of this process in cores, over the last sample.", RANK_LABELS
+)
+PROCESS_RSS = Metric("torchdist.process.memory.rss", "gauge", "By", "Resident memory of this process.", RANK_LABELS)
+PROCESS_OPEN_FDS = Metric("torchdist.process.open_fds", "gauge", "{fd}", "Open file descriptors.", RANK_LABELS)
+HOST_NETWORK_IO = Metric(
+    "torchdist.host.network.io",
+    "counter",
+    "By",
+    "Bytes through the host's network interfaces since the sampler started (direction=transmit|receive).",
+    (M_RUN, M_RANK, M_HOST, M_DIRECTION),
+)
+DATALOADER_WAIT = Metric(
+    "torchdist.dataloader.wait_time",
+    "histogram",
+    "s",
+    "Time the training loop waited for the next batch, per step, when observable.",
+    RANK_LABELS,
+)
+AMP_GRAD_SCALE = Metric("torchdist.amp.grad_scale", "gauge", "{scale}", "GradScaler's current scale.", RANK_LABELS)
+SYSTEM_METRICS = (
+    GPU_UTILIZATION,
+    GPU_MEMORY_USED,
+    GPU_MEMORY_TOTAL,
+    GPU_POWER,
+    GPU_TEMPERATURE,
+    GPU_SM_CLOCK,
+    GPU_PCIE_THROUGHPUT,
+    GPU_NVLINK_IO,
+    GPU_THROTTLED,
+    GPU_ECC_ERRORS,
+    CUDA_ALLOCATED,
+    CUDA_RESERVED,
+    CUDA_PEAK,
+    CUDA_OOM_RETRIES,
+    PROCESS_CPU_TIME,
+    PROCESS_CPU_UTILIZATION,
+    PROCESS_RSS,
+    PROCESS_OPEN_FDS,
+    HOST_NETWORK_IO,
+    DATALOADER_WAIT,
+    AMP_GRAD_SCALE,
+)
+
+METRICS = COLLECTIVE_METRICS + TELEMETRY_METRICS + TRAINING_PATH_METRICS + STEP_METRICS + SYSTEM_METRICS
 
 # Seconds. Spans 10 µs (a small CPU collective) to 10 min (a hang being noticed).
 DURATION_BUCKETS = (
@@ -281,43 +710,86 @@ DURATION_BUCKETS = (
 )
 
 # --------------------------------------------------------------------------------------------------
-# OpenTelemetry -> Prometheus names, the Collector's way (prometheus/otlptranslator with suffixes on).
+# OpenTelemetry -> Prometheus names, as the Collector's Prometheus exporter builds them
+# (prometheus/otlptranslator, "underscore escaping with suffixes"): split the name into tokens, add the
+# unit's suffix unless already a token, "_total" for counters, "_ratio" for gauges of unit "1".
 
 _UNIT_SUFFIX = {
+    "d": "days",
+    "h": "hours",
+    "min": "minutes",
     "s": "seconds",
     "ms": "milliseconds",
+    "us": "microseconds",
+    "ns": "nanoseconds",
     "By": "bytes",
-    "1": "ratio",
-    "%": "percent",
-    "Hz": "hertz",
-    "W": "watts",
+    "KiBy": "kibibytes",
+    "MiBy": "mebibytes",
+    "GiBy": "gibibytes",
+    "KBy": "kilobytes",
+    "MBy": "megabytes",
+    "GBy": "gigabytes",
+    "m": "meters",
+    "V": "volts",
+    "A": "amperes",
     "J": "joules",
+    "W": "watts",
+    "g": "grams",
     "Cel": "celsius",
-    "By/s": "bytes_per_second",
+    "Hz": "hertz",
+    "1": "",
+    "%": "percent",
 }
+_PER_UNIT = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
+
+
+def _unit_suffixes(unit: str) -> tuple[str, str]:
+    main, _, per = unit.partition("/")
+    main, per = main.strip(), per.strip()
+    main_suffix = _UNIT_SUFFIX.get(main, main) if main and "{" not in main and "}" not in main else ""
+    per_suffix = ""
+    if per and "{" not in per and "}" not in per:
+        per_suffix = "per_" + _PER_UNIT.get(per, per)
+    return _clean(main_suffix), _clean(per_suffix)
+
+
+def _clean(text: str) -> str:
+    out = "".join(c if (c.isascii() and (c.isalnum() or c == ":")) else "_" for c in text)
+    while "__" in out:
+        out = out.replace("__", "_")
+    return out.lstrip("_")
 
 
 def prometheus_name(metric: Metric) -> str:
     """The Prometheus family name of ``metric`` (without ``_bucket``/``_sum``/``_count``)."""
-    name = metric.name.replace(".", "_").replace("-", "_")
-    unit = metric.unit
-    if not unit.startswith("{"):
-        suffix = _UNIT_SUFFIX.get(unit)
-        if suffix is None:
-            raise ValueError(f"no Prometheus suffix known for unit {unit!r} of {metric.name}")
-        if suffix == "ratio" and metric.instrument != "gauge":
-            suffix = ""
-        if suffix and not name.endswith("_" + suffix):
-            name = f"{name}_{suffix}"
+    tokens = [t for t in "".join(c if (c.isascii() and (c.isalnum() or c == ":")) else " " for c in metric.name).split()]
+    main, per = _unit_suffixes(metric.unit)
+    if main in tokens:
+        main = ""
+    if per == "per_":
+        per = ""
+    else:
+        per = per.rstrip("_")
+        if per in tokens:
+            per = ""
+    if per:
+        main = main.rstrip("_")
+    if main:
+        tokens.append(main)
+    if per:
+        tokens.append(per)
     if metric.instrument == "counter":
-        name += "_total"
-    return name
+        tokens = [t for t in tokens if t != "total"] + ["total"]
+    if metric.unit == "1" and metric.instrument == "gauge":
+        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
+    name = "_".join(tokens)
+    return "_" + name if name[:1].isdigit() else name
 
 
-def prometheus_series_names() -> set[str]:
-    """Every series name a scrape of ``/metrics`` can show (histograms expand to three)."""
+def prometheus_series_names(metrics: tuple[Metric, ...] = ()) -> set[str]:
+    """Every series name a scrape of ``/metrics`` can show for ``metrics`` (default: all)."""
     out: set[str] = set()
-    for m in METRICS:
+    for m in metrics or METRICS:
         base = prometheus_name(m)
         if m.instrument == "histogram":
             out.update({base + "_bucket", base + "_sum", base + "_count"})

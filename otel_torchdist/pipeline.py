@@ -45,6 +45,7 @@ class Pipeline:
         self.metric_sinks: list[Sink] = []
         self.resource: dict[str, Any] | None = None
         self.base_labels: dict[str, str] = {}
+        self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
@@ -204,9 +205,23 @@ class Pipeline:
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
-        return collective_metrics(self.store.snapshot(), labels) + health_metrics(
+        data = collective_metrics(self.store.snapshot(), labels)
+        for source in list(self.metric_sources):
+            try:
+                data += source()
+            except Exception as exc:
+                health.error("metrics", "a metric source failed", exc)
+        return data + health_metrics(
             health.drops(), health.errors(), {k: v for k, v in labels.items() if k in (n.M_RUN, n.M_RANK)}
         )
+
+    def emit_span(self, span: SpanData) -> None:
+        """Queue a span built outside the record path (warnings, sharding steps...); bounded like the rest."""
+        with self._drain_lock:
+            if self.queued_spans() < self.cfg.span_queue_size:
+                self._enqueue(span)
+            else:
+                health.dropped("span")
 
     def export_metrics(self, timeout: float) -> bool:
         if self.resource is None or not self.metric_sinks:

@@ -36,6 +36,47 @@ from .pipeline import Pipeline
 _log = logging.getLogger("otel_torchdist")
 
 
+class Component:
+    """Something that runs beside the capture once the rank's identity is known (the system sampler...).
+
+    A module registers a factory in :data:`COMPONENTS`; each Runtime calls it with the Config and keeps
+    what it returns (None: not wanted). Every method must be cheap and must not raise.
+    """
+
+    name = "component"
+
+    def resource_attributes(self) -> dict[str, Any]:
+        """Attributes for this rank's resource (asked for once, before export starts)."""
+        return {}
+
+    def start(self, rt: Runtime) -> None:
+        """Exporters exist: ``rt.identity``, ``rt.pipeline`` (``base_labels``, ``emit_span``) are usable."""
+
+    def metric_data(self) -> list:
+        """Current points (``otlp.MetricData``), asked for at every metric export and scrape."""
+        return []
+
+    def stop(self) -> None:
+        """Stop threads; called before the final flush. Must return promptly."""
+
+
+COMPONENTS: list[Any] = []  # factories: Config -> Component | None
+_BUILTIN_COMPONENT_MODULES = ("otel_torchdist.system",)
+
+
+def _load_builtin_components() -> None:
+    import importlib
+
+    for module in _BUILTIN_COMPONENT_MODULES:
+        try:
+            importlib.import_module(module)  # registers its factory in COMPONENTS
+        except ModuleNotFoundError as exc:
+            if exc.name != module:
+                health.error("component", f"cannot load {module}", exc)
+        except Exception as exc:
+            health.error("component", f"cannot load {module}", exc)
+
+
 class Runtime:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -45,6 +86,7 @@ class Runtime:
         self.folder: str | None = None
         self.prometheus: PrometheusEndpoint | None = None
         self.destinations: list[str] = []
+        self.components: list[Component] = []
         self._lock = threading.RLock()
         self._closed = False
         self._started_at = time.monotonic()
@@ -77,7 +119,14 @@ class Runtime:
         except OSError as exc:
             health.error("run_folder", f"cannot create the run folder {folder}", exc)
         self.folder = folder
-        resource = resource_attributes(ident, cfg.service_name, cfg.resource_attributes)
+        self.components = self._make_components()
+        extra = dict(cfg.resource_attributes)
+        for comp in self.components:
+            try:
+                extra.update(comp.resource_attributes())
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not describe the run", exc)
+        resource = resource_attributes(ident, cfg.service_name, extra)
         labels = {n.M_RUN: ident.run_id}
         if cfg.metrics_rank_label:
             labels[n.M_RANK] = str(ident.rank)
@@ -88,7 +137,26 @@ class Runtime:
             self._start_prometheus(ident, labels)
         self._write_json(f"resource.rank{ident.rank}.json", resource)
         self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks)
+        for comp in self.components:
+            try:
+                comp.start(self)
+                self.pipeline.metric_sources.append(comp.metric_data)
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not start", exc)
         self._announce(ident)
+
+    def _make_components(self) -> list[Component]:
+        _load_builtin_components()
+        out = []
+        for factory in COMPONENTS:
+            try:
+                comp = factory(self.cfg)
+            except Exception as exc:
+                health.error("component", f"{getattr(factory, '__name__', factory)} could not be created", exc)
+                continue
+            if comp is not None:
+                out.append(comp)
+        return out
 
     def _start_prometheus(self, ident: Identity, labels: dict[str, str]) -> None:
         endpoint = PrometheusEndpoint(self.pipeline.metric_data)
@@ -156,6 +224,11 @@ class Runtime:
         nccl.flush_pending()
         if self.identity is None:
             self._set_identity(resolve(self.cfg.run_id))
+        for comp in self.components:
+            try:
+                comp.stop()
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not stop", exc)
         self.pipeline.stop(self.cfg.flush_timeout)
         self._finish_summary()
         if self.prometheus is not None:

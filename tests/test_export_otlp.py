@@ -55,7 +55,7 @@ def test_grpc_and_http_reach_a_real_collector(rotel, tmp_path):
         assert child[0]["Trace ID"] == results[rank]["user_trace_id"]
         assert child[0]["Parent ID"] == results[rank]["user_span_id"]
         metric_names = {m.get("name") for m in got["metrics"] if m["resource"].get(n.RANK) == rank}
-        assert {m.name for m in n.METRICS} <= metric_names, transport
+        assert {m.name for m in n.COLLECTIVE_METRICS + n.TELEMETRY_METRICS} <= metric_names, transport
 
 
 def test_http_protobuf_fields_decoded_by_oteltap(tap, tmp_path):
@@ -80,7 +80,8 @@ def test_http_protobuf_fields_decoded_by_oteltap(tap, tmp_path):
             assert [v.string_value for v in attrs[n.COLL_SHAPES].array_value.values] == ["[32]"]
     children = [s for s in spans if s.parent_span_id]
     assert sorted(s.parent_span_id.hex() for s in children) == sorted(r["user_span_id"] for r in results)
-    wait_for(lambda: {m.name for m in tap.metrics} >= {m.name for m in n.METRICS}, 20, what="metrics at oteltap")
+    wanted = {m.name for m in n.COLLECTIVE_METRICS + n.TELEMETRY_METRICS}
+    wait_for(lambda: {m.name for m in tap.metrics} >= wanted, 20, what="metrics at oteltap")
     calls = [m for m in tap.metrics if m.name == n.COLLECTIVE_CALLS.name]
     values = {
         (dp.attributes[0].value.string_value, dp.attributes[2].value.string_value): dp.as_int

@@ -30,9 +30,6 @@ from ..otlp import MetricData
 
 _log = logging.getLogger("otel_torchdist")
 
-_PROM_UNITS = {"s": "seconds", "By": "bytes"}
-
-
 def _le(bound: float) -> str:
     return "+Inf" if bound == float("inf") else repr(float(bound))
 
@@ -42,12 +39,11 @@ def families(metrics: list[MetricData]):
     for md in metrics:
         m = md.metric
         name = n.prometheus_name(m)
-        unit = _PROM_UNITS.get(m.unit, "")
         if not md.points:
             continue
         label_names = list(md.points[0].attributes)
         if m.instrument == "histogram":
-            fam = HistogramMetricFamily(name, m.description, labels=label_names, unit=unit)
+            fam = HistogramMetricFamily(name, m.description, labels=label_names)
             for pt in md.points:
                 cumulative = 0
                 buckets = []
@@ -63,11 +59,11 @@ def families(metrics: list[MetricData]):
                     buckets.append((le, cumulative, ex) if ex is not None else (le, cumulative))
                 fam.add_metric([str(pt.attributes[k]) for k in label_names], buckets, pt.sum)
         elif m.instrument == "counter":
-            fam = CounterMetricFamily(name[: -len("_total")], m.description, labels=label_names, unit=unit)
+            fam = CounterMetricFamily(name[: -len("_total")], m.description, labels=label_names)
             for pt in md.points:
                 fam.add_metric([str(pt.attributes[k]) for k in label_names], pt.value)
         else:
-            fam = GaugeMetricFamily(name, m.description, labels=label_names, unit=unit)
+            fam = GaugeMetricFamily(name, m.description, labels=label_names)
             for pt in md.points:
                 fam.add_metric([str(pt.attributes[k]) for k in label_names], pt.value)
         yield fam
