@@ -1,6 +1,7 @@
-"""Run one scenario of ``tests/scenarios.py`` in N real gloo ranks: ``python -m tests.launcher NAME N OUT [ARGS_JSON]``.
+"""Run one scenario in N real ranks: ``python -m tests.launcher NAME N OUT [ARGS_JSON]``.
 
-Each rank calls ``scenarios.NAME(rank, world_size, port, out, args)`` and writes what it returns to
+NAME is a function of ``tests/scenarios.py``, or ``module:function`` for another module of ``tests/``.
+Each rank calls it as ``fn(rank, world_size, port, out, args)`` and writes what it returns to
 ``OUT/result.rank<R>.json``; a rank that raises writes its traceback to ``OUT/error.rank<R>.txt``.
 """
 
@@ -22,10 +23,12 @@ def _entry(rank: int, name: str, world_size: int, port: int, out: str, args: dic
         WORLD_SIZE=str(world_size),
         LOCAL_WORLD_SIZE=str(world_size),
     )
-    from tests import scenarios
+    import importlib
 
+    module, _, function = name.rpartition(":")
+    scenario = getattr(importlib.import_module(f"tests.{module or 'scenarios'}"), function)
     try:
-        result = getattr(scenarios, name)(rank, world_size, port, out, args)
+        result = scenario(rank, world_size, port, out, args)
     except BaseException:
         with open(os.path.join(out, f"error.rank{rank}.txt"), "w") as f:
             f.write(traceback.format_exc())

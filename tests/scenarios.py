@@ -318,3 +318,34 @@ def instrument_after_init_no_uninstrument(rank: int, ws: int, port: int, out: st
     dist.broadcast(torch.ones(8), src=1)
     dist.destroy_process_group()
     return {}
+
+
+def agreed_run_id(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """No run id configured anywhere: the ranks agree on one through the store, without a collective."""
+    import otel_torchdist
+    from otel_torchdist import runtime
+
+    otel_torchdist.instrument(run_dir=os.path.join(out, "runs"), traces_exporter="file", metrics_exporter=("file",), summary="none")
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    seq_before = dist.group.WORLD._get_sequence_number_for_group()
+    ident = runtime.current().identity
+    dist.all_reduce(torch.ones(4))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"run_id": ident.run_id, "instance": ident.instance_id, "seq_before_first_collective": seq_before}
+
+
+def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """A big all_reduce on NCCL, timed by the completion hook (GPU machines only)."""
+    _instrument(out, rank, run_id="nccl")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ws)
+    t = torch.ones(64 << 20, device="cuda")  # 256 MiB of float32
+    for _ in range(3):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {}

@@ -54,3 +54,28 @@ def test_plain_script_flushes_at_exit_quickly(tmp_path):
     assert "otel-torchdist summary: run atexit, rank 0 of 8 (fake)" in proc.stderr
     assert "all_reduce" in proc.stderr and "run folder:" in proc.stderr
     assert elapsed < 60
+
+
+def test_ranks_agree_on_a_run_id_without_a_collective(tmp_path):
+    out = str(tmp_path / "job")
+    results = run_ranks("agreed_run_id", 3, out)
+    run_ids = {r["run_id"] for r in results}
+    assert len(run_ids) == 1
+    assert len({r["instance"] for r in results}) == 3
+    assert all(r["seq_before_first_collective"] == 0 for r in results)  # the agreement used no collective
+    (run_id,) = run_ids
+    assert os.listdir(os.path.join(out, "runs")) == [run_id]
+
+
+def test_run_id_sources(monkeypatch):
+    from otel_torchdist.identity import run_id_from_env
+
+    assert run_id_from_env("mine") == "mine"
+    monkeypatch.setenv("SLURM_JOB_ID", "4242")
+    assert run_id_from_env(None) == "slurm-4242"
+    monkeypatch.setenv("SLURM_STEP_ID", "3")
+    assert run_id_from_env(None) == "slurm-4242.3"
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "job/7")
+    assert run_id_from_env(None) == "job-7"  # wins over SLURM, sanitized for a folder name
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's "not set"
+    assert run_id_from_env(None) == "slurm-4242.3"
