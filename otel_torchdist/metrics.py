@@ -130,3 +130,79 @@ def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: d
             [NumberPoint({**base_labels, n.M_KIND: k}, v) for k, v in sorted(err_kinds.items())],
         ),
     ]
+
+
+class Histogram:
+    """A cumulative histogram of seconds over :data:`BOUNDS`."""
+
+    __slots__ = ("count", "sum", "buckets", "min", "max")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.sum = 0.0
+        self.buckets = [0] * (len(BOUNDS) + 1)
+        self.min: float | None = None
+        self.max: float | None = None
+
+    def observe(self, value: float) -> None:
+        self.count += 1
+        self.sum += value
+        self.buckets[bisect.bisect_left(BOUNDS, value)] += 1
+        if self.min is None or value < self.min:
+            self.min = value
+        if self.max is None or value > self.max:
+            self.max = value
+
+    def point(self, labels: dict[str, str]) -> HistogramPoint:
+        return HistogramPoint(labels, self.count, self.sum, list(self.buckets), BOUNDS, self.min, self.max)
+
+
+class FrameworkMetrics:
+    """Histograms and gauges the framework captures feed (optimizer steps, models, DDP's own stats).
+
+    Written from the drain thread (deferred work) and from the training thread for rare gauges, read by
+    exporters: one lock.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._histograms: dict[tuple[n.Metric, tuple], Histogram] = {}
+        self._gauges: dict[tuple[n.Metric, tuple], float] = {}
+        self._counters: dict[tuple[n.Metric, tuple], float] = {}
+
+    def observe(self, metric: n.Metric, labels: tuple, value: float) -> None:
+        """``labels``: values of ``metric.attributes`` after run and rank, in order."""
+        with self._lock:
+            h = self._histograms.get((metric, labels))
+            if h is None:
+                h = self._histograms[(metric, labels)] = Histogram()
+            h.observe(value)
+
+    def set(self, metric: n.Metric, labels: tuple, value: float) -> None:
+        with self._lock:
+            self._gauges[(metric, labels)] = value
+
+    def add(self, metric: n.Metric, labels: tuple, value: float) -> None:
+        with self._lock:
+            self._counters[(metric, labels)] = self._counters.get((metric, labels), 0) + value
+
+    def get(self, metric: n.Metric, labels: tuple) -> float | None:
+        with self._lock:
+            return self._gauges.get((metric, labels), self._counters.get((metric, labels)))
+
+    def metric_data(self, base_labels: dict[str, str]) -> list[MetricData]:
+        out: dict[n.Metric, list] = {}
+        with self._lock:
+            for (metric, values), h in self._histograms.items():
+                out.setdefault(metric, []).append(h.point(_labels(metric, base_labels, values)))
+            for (metric, values), v in list(self._gauges.items()) + list(self._counters.items()):
+                out.setdefault(metric, []).append(NumberPoint(_labels(metric, base_labels, values), v))
+        return [MetricData(metric, points) for metric, points in out.items()]
+
+
+def _labels(metric: n.Metric, base: dict[str, str], values: tuple) -> dict[str, str]:
+    """Base labels (run, and rank unless turned off) then the metric's own, in its declared order."""
+    own = [a for a in metric.attributes if a not in (n.M_RUN, n.M_RANK)]
+    labels = {k: v for k, v in base.items() if k in metric.attributes}
+    labels.update(zip(own, (str(v) for v in values)))
+    return labels

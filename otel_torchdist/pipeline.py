@@ -25,7 +25,7 @@ from .capture import groups, record
 from .capture import record as R
 from .config import Config
 from .export.sinks import Sink
-from .metrics import MetricStore, collective_metrics, health_metrics
+from .metrics import FrameworkMetrics, MetricStore, collective_metrics, health_metrics
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
@@ -46,6 +46,7 @@ class Pipeline:
         self.resource: dict[str, Any] | None = None
         self.base_labels: dict[str, str] = {}
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
+        self.framework = FrameworkMetrics()
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
@@ -125,6 +126,16 @@ class Pipeline:
         count = 0
         with self._drain_lock:
             self.offset_ns = time_ns() - perf_counter_ns()
+            deferred = record.DEFERRED
+            while deferred:
+                try:
+                    fn, args = deferred.popleft()
+                except IndexError:
+                    break
+                try:
+                    fn(self, *args)
+                except Exception as exc:
+                    health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
             while q:
                 try:
                     rec = q.popleft()
@@ -145,15 +156,7 @@ class Pipeline:
         seconds = duration_seconds(rec)
         nbytes = rec[R.NBYTES]
         bus = nbytes * bw.bus_factor(rec[R.KIND], gi.size) if gi.size > 0 else 0.0
-        parent = rec[R.PARENT].get_span_context() if rec[R.PARENT] is not None else None
-        if parent is not None and parent.is_valid:
-            trace_id = parent.trace_id
-            parent_span_id = parent.span_id
-            sampled = self.sampler.decide(trace_id, bool(parent.trace_flags.sampled))
-        else:
-            trace_id = new_trace_id()
-            parent_span_id = None
-            sampled = self.sampler.decide(trace_id, None)
+        trace_id, parent_span_id, sampled = self._parent_of(rec)
         exemplar = None
         if sampled:
             if self.queued_spans() < self.cfg.span_queue_size:
@@ -163,6 +166,40 @@ class Pipeline:
             else:
                 health.dropped("span")
         self.store.observe(rec[R.OP], gi.label, seconds, nbytes, bus, rec[R.ERROR] is not None, exemplar)
+
+    def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:
+        return self.parent_of(rec[R.PARENT], rec[R.CTX], rec[R.STEPCTX])
+
+    def parent_of(self, user: Any, fw: tuple | None, step: tuple | None) -> tuple[int, int | None, bool]:
+        """Trace, parent span and sampling: the caller's own OpenTelemetry span first, then the framework
+        context's parent (an optimizer step), then the training step, else a new trace."""
+        if user is not None:
+            ctx = user.get_span_context()
+            if ctx.is_valid:
+                return ctx.trace_id, ctx.span_id, self.sampler.decide(ctx.trace_id, bool(ctx.trace_flags.sampled))
+        if fw is not None and fw[3] is not None:
+            return fw[3], fw[4], self.sampled(fw[3], None, fw, step)
+        if step is not None:
+            return step[1], step[2], step[3]
+        trace_id = new_trace_id()
+        return trace_id, None, self.sampler.decide(trace_id, None)
+
+    def sampled(self, trace_id: int, user: Any, fw: tuple | None, step: tuple | None) -> bool:
+        """Whether a span of ``trace_id`` opened under this context is kept (same rules as parent_of)."""
+        if user is not None:
+            ctx = user.get_span_context()
+            if ctx.is_valid and ctx.trace_id == trace_id:
+                return self.sampler.decide(trace_id, bool(ctx.trace_flags.sampled))
+        if step is not None and step[1] == trace_id:
+            return step[3]
+        return self.sampler.decide(trace_id, None)
+
+    def add_span(self, span: SpanData) -> None:
+        """Queue a span built on the drain thread (deferred work), within the span queue's bound."""
+        if self.queued_spans() < self.cfg.span_queue_size:
+            self._enqueue(span)
+        else:
+            health.dropped("span")
 
     # --------------------------------------------------------------------------------------- export
     def _export_loop(self) -> None:
@@ -205,7 +242,7 @@ class Pipeline:
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
-        data = collective_metrics(self.store.snapshot(), labels)
+        data = collective_metrics(self.store.snapshot(), labels) + self.framework.metric_data(labels)
         for source in list(self.metric_sources):
             try:
                 data += source()

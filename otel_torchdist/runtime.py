@@ -25,7 +25,7 @@ from typing import Any
 from . import health
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, completion, nccl, record
+from .capture import c10d, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
 from .config import Config
 from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
@@ -34,6 +34,10 @@ from .patching import Patcher
 from .pipeline import Pipeline
 
 _log = logging.getLogger("otel_torchdist")
+
+
+def _framework_captures():
+    return (("DDP", ddp), ("FSDP", fsdp), ("functional collectives", funcol), ("DTensor", dtensor))
 
 
 class Component:
@@ -95,6 +99,17 @@ class Runtime:
     def start(self) -> None:
         record.set_limit(self.cfg.max_queued_records)
         self.patcher.apply(c10d.patches())
+        # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
+        # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
+        for name, module in _framework_captures():
+            try:
+                self.patcher.apply(module.patches())
+            except Exception as exc:
+                health.error("capture", f"the {name} capture could not be installed", exc)
+        try:
+            optim.install()
+        except Exception as exc:
+            health.error("capture", "the optimizer capture could not be installed", exc)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -102,6 +117,10 @@ class Runtime:
 
         if dist.is_available() and dist.is_initialized():
             self.on_process_group()
+        try:
+            ddp.adopt_existing()
+        except Exception as exc:
+            health.error("ddp", "could not adopt DDP models built before instrument()", exc)
 
     def on_process_group(self) -> None:
         """The process group exists: learn who we are and start exporting."""
@@ -217,6 +236,9 @@ class Runtime:
             self._closed = True
         if restore:
             self.patcher.restore()
+            optim.remove()
+            context.TRACKER.remove()
+        funcol.flush_unfinished()
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:
                 hooks.remove(fn)

@@ -107,13 +107,18 @@ def collective_attributes(rec: tuple, gi: Any, seconds: float) -> tuple[tuple, l
         static.append((n.COLL_PEER, peer))
     static += [(n.COLL_ASYNC, rec[R.ASYNC]), (n.COLL_END_SOURCE, rec[R.END]), (n.COLL_SOURCE, rec[R.SOURCE])]
     extra = rec[R.EXTRA]
+    dynamic_extra: list[tuple[str, Any]] = []
     if extra:
         for i in range(0, len(extra), 2):
             key, value = extra[i], extra[i + 1]
-            static.append((_EXTRA_KEYS[key], tuple(value.split(",")) if key == "peers" else value))
+            if key == "wait_ns":
+                dynamic_extra.append((n.FUNCOL_WAIT_S, value / 1e9))
+            else:
+                static.append((_EXTRA_KEYS[key], tuple(value.split(",")) if key == "peers" else value))
     if rec[R.ERROR] is not None:
         static.append((n.ERROR_TYPE, rec[R.ERROR][0]))
-    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)]
+    static += source_attributes(rec)
+    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)] + dynamic_extra
     if rec[R.SEQ] is not None:
         dynamic.append((n.COLL_SEQ, rec[R.SEQ]))
     size = gi.size
@@ -123,6 +128,30 @@ def collective_attributes(rec: tuple, gi: Any, seconds: float) -> tuple[tuple, l
             dynamic.append((n.COLL_ALGBW, alg))
             dynamic.append((n.COLL_BUSBW, alg * bw.bus_factor(kind, size)))
     return tuple(static), dynamic
+
+
+_FRAMEWORK_OF_SOURCE = {"funcol": "funcol", "deep": "compiled"}
+
+
+def phase_of(rec: tuple) -> str:
+    ctx = rec[R.CTX]
+    if ctx is not None and ctx[2]:
+        return ctx[2]
+    return "backward" if rec[R.BWD] else "other"
+
+
+def source_attributes(rec: tuple) -> list[tuple[str, Any]]:
+    """Where the collective came from: framework, module, phase, and the framework's own facts."""
+    ctx = rec[R.CTX]
+    framework = ctx[0] if ctx is not None and ctx[0] else _FRAMEWORK_OF_SOURCE.get(rec[R.SOURCE], "c10d")
+    out = [(n.COLL_FRAMEWORK, framework), (n.COLL_PHASE, phase_of(rec))]
+    if ctx is not None:
+        if ctx[1]:
+            out.append((n.COLL_MODULE, ctx[1]))
+        extras = ctx[5]
+        for i in range(0, len(extras), 2):
+            out.append((extras[i], extras[i + 1]))
+    return out
 
 
 _EXTRA_KEYS = {

@@ -57,6 +57,8 @@ _ASYNC = R.ASYNC
 _SEQ = R.SEQ
 _END = R.END
 _Tensor = torch.Tensor
+_graph_task_id = torch._C._current_graph_task_id
+_STEP = R.STEP
 _COMPLETION_FUTURE = groups.COMPLETION_FUTURE
 _END_RETURN = n.END_RETURN
 
@@ -134,6 +136,7 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
                 op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
                 x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
                 None, None, _current_context().get(_SPAN_KEY), None, None, False,
+                TLS.ctx, _graph_task_id() != -1, _STEP[0],
             ]  # fmt: skip
         rec = _new(op, kind, SOURCE_C10D, gi.gid)
         if single:

@@ -41,9 +41,15 @@ PARENT = 18  # the caller's current OpenTelemetry span object, if any
 EXTRA = 19  # flat tuple key, value, key, value... of op-specific attributes (strings and ints)
 GPU_NS = 20  # GPU-measured duration (NCCL timing), when known
 INNER = 21  # add nested calls' message sizes into NBYTES (object collectives)
-FIELDS = 22
+CTX = 22  # the thread's framework context (context.py): framework, module, phase, parent, extras
+BWD = 23  # issued inside an autograd backward pass
+STEPCTX = 24  # the process's current training step context (steps), or None
+FIELDS = 25
 
-_TEMPLATE = [None, None, None, 0, None, 0, 0, 0, None, (), 0, 0, False, None, None, None, None, None, None, None, None, False]
+_TEMPLATE = [
+    None, None, None, 0, None, 0, 0, 0, None, (), 0, 0, False, None, None, None, None, None, None, None, None, False,
+    None, False, None,
+]  # fmt: skip
 assert len(_TEMPLATE) == FIELDS
 
 
@@ -56,12 +62,33 @@ def iter_shapes(flat: tuple):
         i += 1 + ndim
 
 
+STEP: list = [None]  # the current step context, process-wide (steps.py sets it); backward threads see it too
+_graph_task_id = None
+
+
+def in_backward() -> bool:
+    return _graph_task_id() != -1
+
+
+def _bind_graph_task() -> None:
+    global _graph_task_id
+    import torch
+
+    _graph_task_id = torch._C._current_graph_task_id
+
+
+_bind_graph_task()
+
+
 def new(op: str, kind: str, source: str, gid: int) -> list:
     rec = _TEMPLATE.copy()
     rec[OP] = op
     rec[KIND] = kind
     rec[SOURCE] = source
     rec[GROUP] = gid
+    rec[CTX] = TLS.ctx
+    rec[BWD] = _graph_task_id() != -1
+    rec[STEPCTX] = STEP[0]
     return rec
 
 
@@ -73,6 +100,7 @@ def describe(rec) -> str:
 
 class _Local(threading.local):
     outer: list | None = None  # the outermost capture in progress on this thread
+    ctx: tuple | None = None  # framework context, see context.py
 
 
 TLS = _Local()
@@ -81,8 +109,20 @@ _limit = [65536]
 _dropped = [0]
 
 
+# Work the background thread does for the framework captures (building an optimizer-step or sharding span,
+# updating their metrics): (callable, args) pairs, bounded by the same limit as records.
+DEFERRED: deque[tuple[Any, tuple]] = deque()
+
+
 def set_limit(max_records: int) -> None:
     _limit[0] = max_records
+
+
+def defer(fn, *args) -> None:
+    if len(DEFERRED) < _limit[0]:
+        DEFERRED.append((fn, args))
+    else:
+        _dropped[0] += 1
 
 
 def push(rec: list) -> None:

@@ -1,0 +1,287 @@
+"""DistributedDataParallel: one record per gradient bucket, the configuration once, DDP's own statistics.
+
+DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. So each DDP built
+while instrumented gets a trampoline comm hook: by default it runs the Python equivalent of DDP's builtin
+all-reduce (``default_hooks.allreduce_hook``: divide by world size, all-reduce, which gives bit-identical
+parameters), through ``dist.all_reduce``, which the c10d capture records; around it the trampoline sets the
+framework context (framework ``ddp``, phase ``backward``, the bucket's index, bytes, parameter count and
+whether it is the last) so the record says which bucket it was. A comm hook the user registers later
+replaces the trampoline's inner hook instead of being registered a second time (the reducer accepts one
+hook only), so it keeps working and is measured the same way; builtin hooks map to their Python twins.
+
+DDPs built before ``instrument()`` are found once (garbage-collector scan) and given the trampoline when
+they have no hook yet. One whose hook was registered before ``instrument()`` keeps it untouched: its
+collectives are still recorded where the hook calls ``torch.distributed``, without bucket facts.
+
+The construction is recorded as a ``ddp.init`` span (configuration, parameter counts) and model gauges;
+every ``LOGGING_EVERY`` forwards DDP's own logging data (sampled averages of forward/backward compute,
+backward communication and their overlap; buckets) is read on the training thread and exported as
+gauges, and ``find_unused_parameters=True`` with nothing ever unused raises a ``ddp_config`` warning.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import weakref
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import health
+from .. import names as n
+from ..patching import Patch
+from . import context, emit
+
+_log = logging.getLogger("otel_torchdist")
+LOGGING_EVERY = 50
+WASTE_CHECK_AFTER = 10  # iterations before deciding find_unused_parameters=True was unnecessary
+
+_state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Trampoline
+_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> forward count
+_warned: weakref.WeakSet = weakref.WeakSet()
+
+
+class _Trampoline:
+    """The comm hook state the reducer holds: which hook to run, on which state."""
+
+    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "__weakref__")
+
+    def __init__(self, ddp: Any) -> None:
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        self.inner_hook = default_hooks.allreduce_hook
+        self.inner_state = ddp.process_group
+        self.user_hook_registered = False
+        self.ddp = weakref.ref(ddp)
+
+
+def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """DDP comm hook installed by otel-torchdist: runs the real hook inside the bucket's context."""
+    try:
+        buffer = bucket.buffer()
+        token = context.push(
+            framework="ddp",
+            phase="backward",
+            extras=(
+                n.DDP_BUCKET_INDEX,
+                bucket.index(),
+                n.DDP_BUCKET_BYTES,
+                buffer.numel() * buffer.element_size(),
+                n.DDP_BUCKET_PARAMS,
+                len(bucket.parameters()),
+                n.DDP_BUCKET_LAST,
+                bucket.is_last(),
+            ),
+        )
+    except Exception as exc:
+        health.error("ddp", "could not describe a DDP bucket", exc)
+        return state.inner_hook(state.inner_state, bucket)
+    try:
+        return state.inner_hook(state.inner_state, bucket)
+    finally:
+        context.pop(token)
+
+
+def _install_trampoline(ddp: Any) -> None:
+    if ddp in _state or getattr(ddp, "reducer", None) is None:
+        return
+    trampoline = _Trampoline(ddp)
+    # Straight to the reducer, not through register_comm_hook: that would add the trampoline to
+    # ddp._comm_hooks, which DDP's compiled-autograd path calls with (grad, param) tuples.
+    dist._register_comm_hook(ddp.reducer, trampoline, otel_torchdist_ddp_hook)
+    _state[ddp] = trampoline
+
+
+def _model_counts(module: Any) -> tuple[int, int, int]:
+    total = trainable = nbytes = 0
+    for p in module.parameters():
+        numel = p.numel()
+        total += numel
+        nbytes += numel * p.element_size()
+        if p.requires_grad:
+            trainable += numel
+    return total, trainable, nbytes
+
+
+def record_model(module: Any, t_start: int, t_end: int, span_name: str, extra: list[tuple[str, Any]]) -> None:
+    """A wrapped model: its parameter gauges and its construction span (DDP, FSDP)."""
+    total, trainable, nbytes = _model_counts(module)
+    model = type(module).__name__
+    attrs = [
+        (n.MODEL_CLASS, model),
+        (n.MODEL_PARAMS, total),
+        (n.MODEL_TRAINABLE, trainable),
+        (n.MODEL_PARAM_BYTES, nbytes),
+    ] + extra
+
+    def gauges(pipeline) -> None:
+        pipeline.framework.set(n.MODEL_PARAMETERS, (model, "total"), total)
+        pipeline.framework.set(n.MODEL_PARAMETERS, (model, "trainable"), trainable)
+        pipeline.framework.set(n.MODEL_PARAMETER_BYTES, (model,), nbytes)
+
+    emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=gauges)
+
+
+def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
+    _install_trampoline(ddp)
+    record_model(
+        ddp.module,
+        t_start,
+        t_end,
+        n.SPAN_DDP_INIT,
+        [
+            (n.DDP_BUCKET_CAP_MB, ddp.bucket_bytes_cap / (1024 * 1024)),
+            (n.DDP_FIND_UNUSED, bool(ddp.find_unused_parameters)),
+            (n.DDP_GRAD_AS_BUCKET_VIEW, bool(ddp.gradient_as_bucket_view)),
+            (n.DDP_STATIC_GRAPH, bool(ddp.static_graph)),
+            (n.DDP_BROADCAST_BUFFERS, bool(ddp.broadcast_buffers)),
+        ],
+    )
+
+
+# --------------------------------------------------------------------------------------------- patches
+def _wrap_init(orig):
+    def __init__(self, *args, **kwargs):
+        t_start = perf_counter_ns()
+        orig(self, *args, **kwargs)
+        try:
+            _on_created(self, t_start, perf_counter_ns())
+        except Exception as exc:
+            health.error("ddp", "could not instrument a DistributedDataParallel model", exc)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
+def _wrap_register(orig):
+    def register_comm_hook(self, state: object, hook: Any):
+        trampoline = _state.get(self)
+        if trampoline is None:
+            return orig(self, state, hook)
+        if trampoline.user_hook_registered:
+            # What the reducer itself says to a second registration.
+            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+        self._check_comm_hook(hook)
+        self.logger._set_comm_hook_name(hook.__qualname__)
+        self._comm_hooks.append((hook, state))
+        trampoline.inner_hook, trampoline.inner_state = hook, state
+        trampoline.user_hook_registered = True
+
+    register_comm_hook.__wrapped__ = orig
+    register_comm_hook.__doc__ = orig.__doc__
+    return register_comm_hook
+
+
+def _wrap_builtin(orig):
+    def _register_builtin_comm_hook(self, comm_hook_type):
+        trampoline = _state.get(self)
+        if trampoline is None:
+            return orig(self, comm_hook_type)
+        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+
+        python_twin = {
+            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+        }.get(comm_hook_type)
+        if python_twin is None or trampoline.user_hook_registered:
+            return orig(self, comm_hook_type)  # let the reducer answer exactly as it would
+        self.logger._set_comm_hook_name(str(comm_hook_type))
+        trampoline.inner_hook, trampoline.inner_state = python_twin, self.process_group
+        trampoline.user_hook_registered = True
+
+    _register_builtin_comm_hook.__wrapped__ = orig
+    return _register_builtin_comm_hook
+
+
+def _wrap_forward(orig):
+    def forward(self, *args, **kwargs):
+        count = _forwards.get(self, 0) + 1
+        _forwards[self] = count
+        if count == 2 or count % LOGGING_EVERY == 0 or count == WASTE_CHECK_AFTER + 1:
+            _read_logging_data(self)
+        return orig(self, *args, **kwargs)
+
+    forward.__wrapped__ = orig
+    return forward
+
+
+def _read_logging_data(ddp: Any) -> None:
+    """DDP's own statistics, read on the training thread (never concurrently with the reducer)."""
+    try:
+        data = ddp._get_ddp_logging_data()
+    except Exception as exc:
+        health.error("ddp", "could not read DDP's logging data", exc)
+        return
+    model = type(ddp.module).__name__
+    values = []
+    for metric, key in (
+        (n.DDP_FORWARD_COMPUTE, "avg_forward_compute_time"),
+        (n.DDP_BACKWARD_COMPUTE, "avg_backward_compute_time"),
+        (n.DDP_BACKWARD_COMM, "avg_backward_comm_time"),
+        (n.DDP_BACKWARD_OVERLAP, "avg_backward_compute_comm_overlap_time"),
+    ):
+        if key in data:
+            values.append((metric, data[key] / 1e9))  # nanoseconds
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes")
+    if isinstance(sizes, str) and sizes:
+        values.append((n.DDP_BUCKETS, len(sizes.split(","))))
+
+    def gauges(pipeline) -> None:
+        for metric, value in values:
+            pipeline.framework.set(metric, (model,), value)
+
+    from . import record
+
+    record.defer(gauges)
+    if (
+        data.get("find_unused_parameters")
+        and data.get("iteration", 0) >= WASTE_CHECK_AFTER
+        and data.get("unused_parameter_size", 1) == 0
+        and ddp not in _warned
+    ):
+        _warned.add(ddp)
+        message = (
+            f"DDP({model}) runs with find_unused_parameters=True but no parameter was unused in "
+            f"{data.get('iteration')} iterations: every backward pays an extra traversal of the graph; "
+            "pass find_unused_parameters=False"
+        )
+        _log.warning("otel-torchdist: %s", message)
+        now = perf_counter_ns()
+        emit.span_later(
+            n.SPAN_WARNING,
+            now,
+            now,
+            [(n.WARNING_KIND, "ddp_config"), (n.WARNING_MESSAGE, message), (n.MODEL_CLASS, model)],
+            emit.snapshot(),
+            events=[(n.WARNING_EVENT, 0, [(n.WARNING_KIND, "ddp_config"), (n.WARNING_MESSAGE, message)])],
+        )
+
+
+def patches() -> list[Patch]:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    return [
+        Patch(DDP, "__init__", _wrap_init),
+        Patch(DDP, "register_comm_hook", _wrap_register),
+        Patch(DDP, "_register_builtin_comm_hook", _wrap_builtin),
+        Patch(DDP, "forward", _wrap_forward),
+    ]
+
+
+def adopt_existing() -> None:
+    """DDP models built before instrument(): give them the trampoline if they have no hook yet."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return  # no process group yet, so no DDP either
+    for obj in gc.get_objects():
+        if isinstance(obj, DDP) and obj not in _state:
+            try:
+                if obj.logger is not None and obj.logger._get_ddp_logging_data().get("comm_hook"):
+                    continue  # the user's own hook is registered; the reducer accepts no other
+                _install_trampoline(obj)
+            except Exception as exc:
+                health.error("ddp", "could not instrument an existing DDP model", exc)

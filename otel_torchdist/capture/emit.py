@@ -1,0 +1,73 @@
+"""Spans the framework captures produce (optimizer steps, sharding, checkpoints): cheap on the training
+thread, built on the background thread.
+
+On the training thread a capture takes a :func:`snapshot` of where it stands (the caller's OpenTelemetry
+span, the framework context, the training step: three references) and, when its work is done, hands a
+description to :func:`span_later`; the drain thread resolves the trace, applies sampling and encodes.
+A capture whose children must point at it (an optimizer step's collectives) fixes its span id up front
+with :func:`open_span`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry.trace.propagation import _SPAN_KEY
+
+from ..otlp import SpanData
+from ..spans import new_span_id, new_trace_id
+from . import record as R
+from .c10d import _current_context
+
+
+def snapshot() -> tuple[Any, tuple | None, tuple | None]:
+    return _current_context().get(_SPAN_KEY), R.TLS.ctx, R.STEP[0]
+
+
+def open_span(snap: tuple) -> tuple[int, int, int | None]:
+    """(trace id, span id, parent span id) for a span whose children are recorded before it ends."""
+    user, fw, step = snap
+    if user is not None:
+        ctx = user.get_span_context()
+        if ctx.is_valid:
+            return ctx.trace_id, new_span_id(), ctx.span_id
+    if fw is not None and fw[3] is not None:
+        return fw[3], new_span_id(), fw[4]
+    if step is not None:
+        return step[1], new_span_id(), step[2]
+    return new_trace_id(), new_span_id(), None
+
+
+def span_later(
+    name: str,
+    t_start: int,
+    t_end: int,
+    attributes: list[tuple[str, Any]],
+    snap: tuple,
+    opened: tuple[int, int, int | None] | None = None,
+    error: str | None = None,
+    events: list | None = None,
+    then: Any = None,
+) -> None:
+    """Queue a span from ``t_start`` to ``t_end`` (perf_counter_ns). ``then(pipeline)`` runs first, on the
+    drain thread (metric updates)."""
+    R.defer(_build, name, t_start, t_end, attributes, snap, opened, error, events, then)
+
+
+def _build(pipeline, name, t_start, t_end, attributes, snap, opened, error, events, then) -> None:
+    if then is not None:
+        then(pipeline)
+    if opened is None:
+        trace_id, parent, sampled = pipeline.parent_of(*snap)
+        span_id = new_span_id()
+    else:
+        trace_id, span_id, parent = opened
+        sampled = pipeline.sampled(trace_id, *snap)
+    if not sampled:
+        return
+    off = pipeline.offset_ns
+    start = t_start + off
+    span = SpanData(name, trace_id, span_id, parent, start, max(t_end + off, start), attributes, error=error)
+    if events:
+        span.events.extend(events)
+    pipeline.add_span(span)

@@ -1,0 +1,185 @@
+"""FSDP2 (``fully_shard``) and FSDP1: which unit issued each all-gather and reduce-scatter, and the sharding.
+
+Both FSDPs issue their collectives through ``torch.distributed`` functions, which the c10d capture
+records; what they lack is the unit. FSDP2: ``FSDPParamGroup.unshard`` (all-gathers, including prefetches,
+which FSDP2 issues by calling ``unshard`` on the *target* group, so they are attributed to that unit) and
+``FSDPParamGroup.post_backward`` (reduce-scatters, HSDP all-reduces) set the framework context to the
+group's module FQN for their duration. FSDP1: its runtime's ``_unshard`` and ``_reduce_grad`` functions do
+the same with the handle's module. ``FSDPParamGroup.__init__`` (every ``fully_shard`` call, however the
+user imported it) and ``FullyShardedDataParallel.__init__`` become sharding spans with the parameters'
+unsharded and sharded shapes and the mesh.
+"""
+
+from __future__ import annotations
+
+import weakref
+from time import perf_counter_ns
+from typing import Any
+
+from .. import health
+from .. import names as n
+from ..patching import Patch
+from . import context, ddp, emit
+from . import record as R
+
+_MAX_SHAPES = 64
+_fsdp1_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wrapped module -> FQN
+
+
+def _group_name(group: Any) -> str:
+    fqn = group._module_fqn
+    if fqn:
+        return fqn
+    modules = group.modules
+    return type(modules[0]).__name__ if modules else "<root>"
+
+
+def _wrap_group_method(action: str):
+    def make(orig):
+        def method(self, *args, **kwargs):
+            try:
+                token = context.push(
+                    framework="fsdp",
+                    module=_group_name(self),
+                    phase="backward" if R.in_backward() or action != "unshard" else "forward",
+                    extras=(n.FSDP_ACTION, action),
+                )
+            except Exception as exc:
+                health.error("fsdp", "could not attribute an FSDP collective", exc)
+                return orig(self, *args, **kwargs)
+            try:
+                return orig(self, *args, **kwargs)
+            finally:
+                context.pop(token)
+
+        method.__wrapped__ = orig
+        return method
+
+    return make
+
+
+def _mesh_attributes(mesh: Any) -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    try:
+        out.append((n.SHARD_MESH_SHAPE, tuple(int(x) for x in mesh.shape)))
+        if mesh.mesh_dim_names:
+            out.append((n.SHARD_MESH_DIMS, tuple(str(x) for x in mesh.mesh_dim_names)))
+    except Exception:
+        pass
+    return out
+
+
+def _shape(size: Any) -> str:
+    return str(list(size))
+
+
+def _wrap_group_init(orig):
+    def __init__(self, params, modules, mesh_info, *args, **kwargs):
+        t_start = perf_counter_ns()
+        orig(self, params, modules, mesh_info, *args, **kwargs)
+        try:
+            fsdp_params = self.fsdp_params[:_MAX_SHAPES]
+            attrs: list[tuple[str, Any]] = [
+                (n.SHARD_MODULE, ",".join(type(m).__name__ for m in modules)),
+                (n.SHARD_MODULES, len(modules)),
+                (n.SHARD_PARAMS, sum(p.numel() for p in params)),
+                (n.SHARD_ORIGINAL_SHAPES, tuple(_shape(p._orig_size) for p in fsdp_params)),
+                (n.SHARD_SHARDED_SHAPES, tuple(_shape(p.sharded_size) for p in fsdp_params)),
+            ] + _mesh_attributes(mesh_info.mesh)
+            for module in modules:
+                ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FULLY_SHARD, attrs)
+        except Exception as exc:
+            health.error("fsdp", "could not record a fully_shard", exc)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
+# ------------------------------------------------------------------------------------------------- FSDP1
+def _fsdp1_module_name(handle: Any) -> str:
+    module = getattr(handle, "_fully_sharded_module", None)
+    if module is None:
+        return "<unknown>"
+    return _fsdp1_names.get(module) or type(module).__name__
+
+
+def _wrap_runtime_fn(action: str):
+    def make(orig):
+        def fn(state, handle, *args, **kwargs):
+            try:
+                token = context.push(
+                    framework="fsdp1",
+                    module=_fsdp1_module_name(handle),
+                    phase="backward" if R.in_backward() or action != "unshard" else "forward",
+                    extras=(n.FSDP_ACTION, action),
+                )
+            except Exception as exc:
+                health.error("fsdp", "could not attribute an FSDP1 collective", exc)
+                return orig(state, handle, *args, **kwargs)
+            try:
+                return orig(state, handle, *args, **kwargs)
+            finally:
+                context.pop(token)
+
+        fn.__wrapped__ = orig
+        return fn
+
+    return make
+
+
+def _wrap_fsdp1_init(orig):
+    def __init__(self, module, *args, **kwargs):
+        t_start = perf_counter_ns()
+        orig(self, module, *args, **kwargs)
+        try:
+            # Names of the units below this one, relative to it; an outer wrap renames them later.
+            root_name = type(module).__name__
+            for fqn, sub in self.named_modules():
+                inner = getattr(sub, "_fsdp_wrapped_module", None)
+                if inner is not None:
+                    clean = fqn.replace("_fsdp_wrapped_module.", "").replace("._fsdp_wrapped_module", "")
+                    _fsdp1_names[inner] = f"{root_name}.{clean}" if clean else root_name
+            handle = getattr(self, "_handle", None)
+            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name)]
+            if handle is not None:
+                flat = handle.flat_param
+                attrs += [
+                    (n.SHARD_PARAMS, int(sum(s.numel() for s in flat._shapes))),
+                    (n.SHARD_ORIGINAL_SHAPES, tuple(_shape(s) for s in flat._shapes[:_MAX_SHAPES])),
+                    (n.SHARD_SHARDED_SHAPES, (_shape(flat.shape),)),
+                ]
+            pg = getattr(self, "process_group", None)
+            if pg is not None:
+                attrs.append((n.SHARD_MESH_SHAPE, (pg.size(),)))
+            ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FSDP_WRAP, attrs)
+        except Exception as exc:
+            health.error("fsdp", "could not record an FSDP1 wrap", exc)
+
+    __init__.__wrapped__ = orig
+    return __init__
+
+
+def patches() -> list[Patch]:
+    out: list[Patch] = []
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
+
+        out += [
+            Patch(FSDPParamGroup, "__init__", _wrap_group_init),
+            Patch(FSDPParamGroup, "unshard", _wrap_group_method("unshard")),
+            Patch(FSDPParamGroup, "post_backward", _wrap_group_method("reduce_scatter")),
+        ]
+    except ImportError:
+        pass
+    try:
+        from torch.distributed.fsdp import _runtime_utils
+        from torch.distributed.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
+
+        out += [
+            Patch(_runtime_utils, "_unshard", _wrap_runtime_fn("unshard")),
+            Patch(_runtime_utils, "_reduce_grad", _wrap_runtime_fn("reduce_scatter")),
+            Patch(FullyShardedDataParallel, "__init__", _wrap_fsdp1_init),
+        ]
+    except ImportError:
+        pass
+    return out
