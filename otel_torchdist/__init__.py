@@ -17,7 +17,7 @@ from typing import Any
 from ._version import __version__
 from .instrumentor import TorchDistributedInstrumentor
 
-__all__ = ["instrument", "uninstrument", "flush", "TorchDistributedInstrumentor", "__version__"]
+__all__ = ["instrument", "uninstrument", "flush", "deep_capture", "TorchDistributedInstrumentor", "__version__"]
 
 
 def instrument(**options: Any) -> None:
@@ -32,6 +32,16 @@ def instrument(**options: Any) -> None:
 def uninstrument() -> None:
     """Restore every patched attribute, flush telemetry, stop background threads and servers."""
     TorchDistributedInstrumentor().uninstrument()
+
+
+def deep_capture():
+    """Context manager: also record the collectives of ``torch.compile``d code run inside it.
+
+    Costs every op a dispatch-mode round trip, so use it on the steps you want to look at.
+    """
+    from .capture.deep import deep_capture as _deep_capture
+
+    return _deep_capture()
 
 
 def flush(timeout: float | None = None) -> bool:

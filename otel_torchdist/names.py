@@ -104,6 +104,18 @@ COLLECTIVE_SPAN_NAMES = (
     "send_object_list",
     "recv_object_list",
     "batch_isend_irecv",
+    # functional collectives (DTensor, tensor parallel), by the Python function called
+    "all_gather_tensor",
+    "all_gather_single_autograd",
+    "all_gather_tensor_autograd",
+    "reduce_scatter_single_autograd",
+    "reduce_scatter_tensor_autograd",
+    "all_to_all_single_autograd",
+    "all_gather_into_tensor_coalesced",
+    "reduce_scatter_tensor_coalesced",
+    "permute_tensor",
+    # compiled graphs (deep capture), by the functional op
+    "all_gather_into_tensor",
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -183,15 +195,15 @@ END_SOURCES = (END_RETURN, END_FUTURE, END_WAIT, END_NCCL_HOOK, END_ENQUEUE, END
 # Where a collective came from (attributes on collective spans, set by the framework captures).
 COLL_PHASE = "torchdist.collective.phase"  # forward | backward | optimizer | other
 COLL_MODULE = "torchdist.collective.module"  # FQN of the module (FSDP unit) that issued it
-COLL_FRAMEWORK = "torchdist.collective.framework"  # ddp | fsdp | fsdp1 | dtensor | funcol | zero | c10d
+COLL_FRAMEWORK = "torchdist.collective.framework"  # c10d | ddp | fsdp | fsdp1 | dtensor | funcol | compiled
 DDP_BUCKET_INDEX = "torchdist.ddp.bucket.index"
 DDP_BUCKET_BYTES = "torchdist.ddp.bucket.bytes"
 DDP_BUCKET_PARAMS = "torchdist.ddp.bucket.parameters"
 DDP_BUCKET_LAST = "torchdist.ddp.bucket.last"
 FSDP_ACTION = "torchdist.fsdp.action"  # unshard | reduce_scatter | all_reduce (HSDP)
 FUNCOL_WAIT_S = "torchdist.funcol.wait_s"  # time from issue to the wait_tensor that completed it
-PHASES = ("forward", "backward", "optimizer", "other")
-FRAMEWORKS = ("c10d", "ddp", "fsdp", "fsdp1", "dtensor", "funcol", "zero")
+PHASES = ("forward", "backward", "optimizer", "checkpoint", "other")
+FRAMEWORKS = ("c10d", "ddp", "fsdp", "fsdp1", "dtensor", "funcol", "compiled")
 SOURCE_ATTRIBUTES = (
     COLL_PHASE,
     COLL_MODULE,
@@ -214,6 +226,8 @@ SPAN_DISTRIBUTE_TENSOR = "sharding.distribute_tensor"
 SPAN_REDISTRIBUTE = "sharding.redistribute"
 SPAN_DISTRIBUTE_MODULE = "sharding.distribute_module"
 SPAN_PARALLELIZE_MODULE = "sharding.parallelize_module"
+SPAN_CHECKPOINT_SAVE = "checkpoint.save"  # torch.distributed.checkpoint
+SPAN_CHECKPOINT_LOAD = "checkpoint.load"
 TRAINING_SPAN_NAMES = (
     SPAN_OPTIMIZER_STEP,
     SPAN_DDP_INIT,
@@ -223,6 +237,8 @@ TRAINING_SPAN_NAMES = (
     SPAN_REDISTRIBUTE,
     SPAN_DISTRIBUTE_MODULE,
     SPAN_PARALLELIZE_MODULE,
+    SPAN_CHECKPOINT_SAVE,
+    SPAN_CHECKPOINT_LOAD,
 )
 
 OPT_CLASS = "torchdist.optimizer.class"
@@ -254,6 +270,10 @@ SHARD_PLACEMENTS_AFTER = "torchdist.sharding.placements_after"
 SHARD_MESH_SHAPE = "torchdist.sharding.mesh_shape"
 SHARD_MESH_DIMS = "torchdist.sharding.mesh_dim_names"
 SHARD_PLAN = "torchdist.sharding.plan"  # parallelize_module: "fqn=Style" entries
+CKPT_ID = "torchdist.checkpoint.id"  # checkpoint_id / storage path
+CKPT_BYTES = "torchdist.checkpoint.bytes"  # tensor bytes this rank saved or loaded
+CKPT_TENSORS = "torchdist.checkpoint.tensors"
+CKPT_ASYNC = "torchdist.checkpoint.async"
 TRAINING_SPAN_ATTRIBUTES = (
     OPT_CLASS,
     OPT_INNER_CLASS,
@@ -284,6 +304,10 @@ TRAINING_SPAN_ATTRIBUTES = (
     SHARD_MESH_SHAPE,
     SHARD_MESH_DIMS,
     SHARD_PLAN,
+    CKPT_ID,
+    CKPT_BYTES,
+    CKPT_TENSORS,
+    CKPT_ASYNC,
 )
 
 # --------------------------------------------------------------------------------------------------
@@ -351,6 +375,7 @@ M_DIRECTION = "direction"  # transmit | receive
 M_REASON = "reason"  # GPU throttle reason
 M_ERROR_KIND = "type"  # corrected | uncorrected
 M_DEVICE = "device"  # torch CUDA device index
+M_CKPT_OP = "op"  # checkpoint: save | load
 
 # --------------------------------------------------------------------------------------------------
 # Metrics
@@ -478,6 +503,20 @@ DDP_BUCKETS = Metric(
     "Gradient buckets DDP reduces per step (after its bucket rebuild).",
     (M_RUN, M_RANK, M_MODEL),
 )
+CHECKPOINT_DURATION = Metric(
+    "torchdist.checkpoint.duration",
+    "histogram",
+    "s",
+    "Time in torch.distributed.checkpoint save / load on this rank (op=save|load).",
+    (M_RUN, M_RANK, M_CKPT_OP),
+)
+CHECKPOINT_BYTES = Metric(
+    "torchdist.checkpoint.bytes",
+    "counter",
+    "By",
+    "Tensor bytes this rank saved / loaded through torch.distributed.checkpoint (op=save|load).",
+    (M_RUN, M_RANK, M_CKPT_OP),
+)
 TRAINING_PATH_METRICS = (
     OPTIMIZER_STEP_DURATION,
     MODEL_PARAMETERS,
@@ -487,6 +526,8 @@ TRAINING_PATH_METRICS = (
     DDP_BACKWARD_COMM,
     DDP_BACKWARD_OVERLAP,
     DDP_BUCKETS,
+    CHECKPOINT_DURATION,
+    CHECKPOINT_BYTES,
 )
 
 # ---- steps, stragglers, hangs, user step metrics

@@ -25,7 +25,7 @@ from typing import Any
 from . import health
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
+from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
 from .config import Config
 from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
@@ -37,7 +37,13 @@ _log = logging.getLogger("otel_torchdist")
 
 
 def _framework_captures():
-    return (("DDP", ddp), ("FSDP", fsdp), ("functional collectives", funcol), ("DTensor", dtensor))
+    return (
+        ("DDP", ddp),
+        ("FSDP", fsdp),
+        ("functional collectives", funcol),
+        ("DTensor", dtensor),
+        ("distributed checkpoint", checkpoint),
+    )
 
 
 class Component:

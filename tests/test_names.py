@@ -18,7 +18,10 @@ def test_collective_span_names_are_frozen():
         "reduce_scatter_single_coalesced", "broadcast", "broadcast_object_list", "_broadcast_coalesced",
         "reduce", "gather", "gather_object", "scatter", "scatter_object_list", "all_to_all",
         "all_to_all_single", "barrier", "monitored_barrier", "send", "recv", "isend", "irecv",
-        "send_object_list", "recv_object_list", "batch_isend_irecv",
+        "send_object_list", "recv_object_list", "batch_isend_irecv", "all_gather_tensor",
+        "all_gather_single_autograd", "all_gather_tensor_autograd", "reduce_scatter_single_autograd",
+        "reduce_scatter_tensor_autograd", "all_to_all_single_autograd", "all_gather_into_tensor_coalesced",
+        "reduce_scatter_tensor_coalesced", "permute_tensor", "all_gather_into_tensor",
     }  # fmt: skip
 
 
@@ -26,6 +29,10 @@ def test_every_captured_op_has_a_frozen_span_name():
     emitted = {spec.name for spec in ops.C10D_OPS}
     emitted |= {name for name, _ in c10d._COALESCED.values()}
     emitted |= {"isend", "irecv", "broadcast", "scatter"}  # ProcessGroup-level captures
+    from otel_torchdist.capture import deep, funcol
+
+    emitted |= set(funcol._SPECS)
+    emitted |= {deep.span_name(op) for op in deep._OPS}
     assert emitted <= set(n.COLLECTIVE_SPAN_NAMES)
 
 
@@ -74,6 +81,8 @@ FROZEN_METRICS = {
     ("torchdist.ddp.backward_comm_time", "gauge", "s", R + ("model",), "torchdist_ddp_backward_comm_time_seconds"),
     ("torchdist.ddp.backward_overlap_time", "gauge", "s", R + ("model",), "torchdist_ddp_backward_overlap_time_seconds"),
     ("torchdist.ddp.buckets", "gauge", "{bucket}", R + ("model",), "torchdist_ddp_buckets"),
+    ("torchdist.checkpoint.duration", "histogram", "s", R + ("op",), "torchdist_checkpoint_duration_seconds"),
+    ("torchdist.checkpoint.bytes", "counter", "By", R + ("op",), "torchdist_checkpoint_bytes_total"),
     ("torchdist.step.duration", "histogram", "s", R, "torchdist_step_duration_seconds"),
     ("torchdist.steps", "counter", "{step}", R, "torchdist_steps_total"),
     ("torchdist.step.compute_time", "counter", "s", R, "torchdist_step_compute_time_seconds_total"),
@@ -140,7 +149,8 @@ def test_prometheus_series_names_expand_histograms():
 def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
     assert n.TRAINING_SPAN_NAMES == (
         "optimizer.step", "ddp.init", "sharding.fully_shard", "sharding.fsdp_wrap", "sharding.distribute_tensor",
-        "sharding.redistribute", "sharding.distribute_module", "sharding.parallelize_module",
+        "sharding.redistribute", "sharding.distribute_module", "sharding.parallelize_module", "checkpoint.save",
+        "checkpoint.load",
     )
     assert n.STEP_SPAN_NAMES == ("train.step", "train.rank_step", "train.phase", "collective.hang", "torchdist.warning")
     every = n.SOURCE_ATTRIBUTES + n.TRAINING_SPAN_ATTRIBUTES + n.STEP_SPAN_ATTRIBUTES + n.RUN_DESCRIPTION_ATTRIBUTES
@@ -159,7 +169,9 @@ def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
         "torchdist.ddp.comm_hook", "torchdist.sharding.module", "torchdist.sharding.modules",
         "torchdist.sharding.parameters", "torchdist.sharding.original_shapes", "torchdist.sharding.sharded_shapes",
         "torchdist.sharding.placements_before", "torchdist.sharding.placements_after", "torchdist.sharding.mesh_shape",
-        "torchdist.sharding.mesh_dim_names", "torchdist.sharding.plan", "torchdist.step", "torchdist.step.source",
+        "torchdist.sharding.mesh_dim_names", "torchdist.sharding.plan", "torchdist.checkpoint.id",
+        "torchdist.checkpoint.bytes", "torchdist.checkpoint.tensors", "torchdist.checkpoint.async",
+        "torchdist.step", "torchdist.step.source",
         "torchdist.step.duration_s", "torchdist.step.compute_s", "torchdist.step.collective_wait_s",
         "torchdist.step.collectives", "torchdist.step.message_bytes", "torchdist.step.loss",
         "torchdist.step.learning_rate", "torchdist.step.samples", "torchdist.step.tokens", "torchdist.phase",

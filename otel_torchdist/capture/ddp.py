@@ -106,23 +106,27 @@ def _model_counts(module: Any) -> tuple[int, int, int]:
     return total, trainable, nbytes
 
 
-def record_model(module: Any, t_start: int, t_end: int, span_name: str, extra: list[tuple[str, Any]]) -> None:
-    """A wrapped model: its parameter gauges and its construction span (DDP, FSDP)."""
+def record_model(
+    module: Any, t_start: int, t_end: int, span_name: str, extra: list[tuple[str, Any]], gauges: bool = True
+) -> None:
+    """A wrapped model's construction span (DDP, an FSDP unit) and, for whole models, parameter gauges.
+
+    FSDP units are parts of a model (and FSDP1 has already flattened and sharded them, so the unit's
+    parameters are counted by the caller before wrapping): their counts go on the span only.
+    """
     total, trainable, nbytes = _model_counts(module)
     model = type(module).__name__
-    attrs = [
-        (n.MODEL_CLASS, model),
-        (n.MODEL_PARAMS, total),
-        (n.MODEL_TRAINABLE, trainable),
-        (n.MODEL_PARAM_BYTES, nbytes),
-    ] + extra
+    attrs = [(n.MODEL_CLASS, model)]
+    if gauges:
+        attrs += [(n.MODEL_PARAMS, total), (n.MODEL_TRAINABLE, trainable), (n.MODEL_PARAM_BYTES, nbytes)]
+    attrs += extra
 
-    def gauges(pipeline) -> None:
+    def set_gauges(pipeline) -> None:
         pipeline.framework.set(n.MODEL_PARAMETERS, (model, "total"), total)
         pipeline.framework.set(n.MODEL_PARAMETERS, (model, "trainable"), trainable)
         pipeline.framework.set(n.MODEL_PARAMETER_BYTES, (model,), nbytes)
 
-    emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=gauges)
+    emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=set_gauges if gauges else None)
 
 
 def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
@@ -200,7 +204,8 @@ def _wrap_forward(orig):
     def forward(self, *args, **kwargs):
         count = _forwards.get(self, 0) + 1
         _forwards[self] = count
-        if count == 2 or count % LOGGING_EVERY == 0 or count == WASTE_CHECK_AFTER + 1:
+        # DDP has averages from its third forward on (two iterations measured).
+        if count == 3 or count % LOGGING_EVERY == 0 or count == WASTE_CHECK_AFTER + 2:
             _read_logging_data(self)
         return orig(self, *args, **kwargs)
 
@@ -278,9 +283,9 @@ def adopt_existing() -> None:
     if not (dist.is_available() and dist.is_initialized()):
         return  # no process group yet, so no DDP either
     for obj in gc.get_objects():
-        if isinstance(obj, DDP) and obj not in _state:
+        if issubclass(type(obj), DDP) and obj not in _state:  # type(): isinstance would poke proxies
             try:
-                if obj.logger is not None and obj.logger._get_ddp_logging_data().get("comm_hook"):
+                if obj._get_ddp_logging_data().get("comm_hook"):
                     continue  # the user's own hook is registered; the reducer accepts no other
                 _install_trampoline(obj)
             except Exception as exc:

@@ -87,7 +87,7 @@ def _wrap_group_init(orig):
                 (n.SHARD_SHARDED_SHAPES, tuple(_shape(p.sharded_size) for p in fsdp_params)),
             ] + _mesh_attributes(mesh_info.mesh)
             for module in modules:
-                ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FULLY_SHARD, attrs)
+                ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FULLY_SHARD, attrs, gauges=False)
         except Exception as exc:
             health.error("fsdp", "could not record a fully_shard", exc)
 
@@ -130,28 +130,30 @@ def _wrap_runtime_fn(action: str):
 def _wrap_fsdp1_init(orig):
     def __init__(self, module, *args, **kwargs):
         t_start = perf_counter_ns()
+        unsharded = {id(p): p.numel() for p in module.parameters()}
         orig(self, module, *args, **kwargs)
         try:
-            # Names of the units below this one, relative to it; an outer wrap renames them later.
+            # Names of the units below this one, relative to it (FSDP's own FQNs, as FSDP2 names its
+            # groups); an outer wrap, built after its inner ones, renames them.
             root_name = type(module).__name__
             for fqn, sub in self.named_modules():
                 inner = getattr(sub, "_fsdp_wrapped_module", None)
                 if inner is not None:
                     clean = fqn.replace("_fsdp_wrapped_module.", "").replace("._fsdp_wrapped_module", "")
-                    _fsdp1_names[inner] = f"{root_name}.{clean}" if clean else root_name
+                    clean = clean.removesuffix("_fsdp_wrapped_module").rstrip(".")
+                    _fsdp1_names[inner] = clean or root_name
             handle = getattr(self, "_handle", None)
-            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name)]
+            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, sum(unsharded.values()))]
             if handle is not None:
                 flat = handle.flat_param
                 attrs += [
-                    (n.SHARD_PARAMS, int(sum(s.numel() for s in flat._shapes))),
                     (n.SHARD_ORIGINAL_SHAPES, tuple(_shape(s) for s in flat._shapes[:_MAX_SHAPES])),
                     (n.SHARD_SHARDED_SHAPES, (_shape(flat.shape),)),
                 ]
             pg = getattr(self, "process_group", None)
             if pg is not None:
                 attrs.append((n.SHARD_MESH_SHAPE, (pg.size(),)))
-            ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FSDP_WRAP, attrs)
+            ddp.record_model(module, t_start, perf_counter_ns(), n.SPAN_FSDP_WRAP, attrs, gauges=False)
         except Exception as exc:
             health.error("fsdp", "could not record an FSDP1 wrap", exc)
 

@@ -1,0 +1,137 @@
+"""``torch.distributed.checkpoint`` save, async_save and load: a span each, with bytes and duration.
+
+The span covers the call (for ``async_save``: until its future completes), its collectives (planning,
+metadata exchange) are its children with phase ``checkpoint``, and the checkpoint histogram and byte
+counter are updated. Bytes are this rank's tensor bytes found in the state dict (DTensor and sharded
+tensors count their local shards); objects that produce their state only when asked (``Stateful``) are
+not asked, so their tensors are not counted.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from time import perf_counter_ns
+from typing import Any
+
+import torch
+
+from .. import health
+from .. import names as n
+from ..patching import Patch
+from . import context, emit
+from . import record as R
+from .dtensor import _binding_patches
+
+
+_ASYNC_THREAD = "AsyncCheckpointExecutor"  # thread name prefix of DCP's async executor
+
+
+def _tensor_bytes(obj: Any) -> tuple[int, int]:
+    total = count = 0
+    stack = [obj]
+    while stack:
+        x = stack.pop()
+        if isinstance(x, torch.Tensor):
+            local = getattr(x, "_local_tensor", None)
+            if local is not None:
+                x = local
+            elif hasattr(x, "local_shards"):
+                for shard in x.local_shards():
+                    stack.append(shard.tensor)
+                continue
+            total += x.nbytes
+            count += 1
+        elif isinstance(x, dict):
+            stack.extend(x.values())
+        elif isinstance(x, (list, tuple)):
+            stack.extend(x)
+    return total, count
+
+
+def _checkpoint_id(kwargs: dict) -> str | None:
+    cid = kwargs.get("checkpoint_id")
+    if cid is None:
+        storage = kwargs.get("storage_writer") or kwargs.get("storage_reader")
+        cid = getattr(storage, "path", None) or getattr(storage, "checkpoint_id", None)
+    return os.fspath(cid) if cid is not None else None
+
+
+def _wrap(op: str, span_name: str, is_async: bool):
+    def make(orig):
+        def wrapper(*args, **kwargs):
+            if R.TLS.outer is not None:
+                return orig(*args, **kwargs)
+            if threading.current_thread().name.startswith(_ASYNC_THREAD):
+                # async_save's own background save: its span is the async_save's, already open.
+                token = context.push(phase="checkpoint")
+                try:
+                    return orig(*args, **kwargs)
+                finally:
+                    context.pop(token)
+            try:
+                state_dict = args[0] if args else kwargs.get("state_dict")
+                nbytes, tensors = _tensor_bytes(state_dict)
+                attrs: list[tuple[str, Any]] = [(n.CKPT_BYTES, nbytes), (n.CKPT_TENSORS, tensors), (n.CKPT_ASYNC, is_async)]
+                cid = _checkpoint_id(kwargs)
+                if cid:
+                    attrs.append((n.CKPT_ID, cid))
+                snap = emit.snapshot()
+                opened = emit.open_span(snap)
+                token = context.push(phase="checkpoint", parent=(opened[0], opened[1]))
+            except Exception as exc:
+                health.error("checkpoint", f"could not describe a checkpoint {op}", exc)
+                return orig(*args, **kwargs)
+            t_start = perf_counter_ns()
+
+            def finish(error: BaseException | None = None) -> None:
+                t_end = perf_counter_ns()
+                seconds = (t_end - t_start) / 1e9
+
+                def metrics(pipeline) -> None:
+                    pipeline.framework.observe(n.CHECKPOINT_DURATION, (op,), seconds)
+                    pipeline.framework.add(n.CHECKPOINT_BYTES, (op,), nbytes)
+
+                err = None
+                if error is not None:
+                    etype, message = R.error_info(error)
+                    err = f"{etype.rsplit('.', 1)[-1]}: {message}"
+                emit.span_later(span_name, t_start, t_end, attrs, snap, opened, error=err, then=metrics)
+
+            try:
+                result = orig(*args, **kwargs)
+            except BaseException as exc:
+                context.pop(token)
+                finish(exc)
+                raise
+            context.pop(token)
+            if is_async:
+                # A Future, or an AsyncSaveResponse whose upload completion is the end of the save.
+                future = result if hasattr(result, "add_done_callback") else getattr(result, "upload_completion", None)
+                if hasattr(future, "add_done_callback"):
+                    future.add_done_callback(lambda f: finish(f.exception()))
+                    return result
+            finish()
+            return result
+
+        wrapper.__wrapped__ = orig
+        for attr in ("__name__", "__qualname__", "__doc__", "__module__"):
+            setattr(wrapper, attr, getattr(orig, attr, None))
+        return wrapper
+
+    return make
+
+
+def patches() -> list[Patch]:
+    try:
+        from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
+    except ImportError:
+        return []
+    out: list[Patch] = []
+    out += _binding_patches(state_dict_saver.save, "save", _wrap("save", n.SPAN_CHECKPOINT_SAVE, False))
+    out += _binding_patches(state_dict_loader.load, "load", _wrap("load", n.SPAN_CHECKPOINT_LOAD, False))
+    if hasattr(state_dict_saver, "async_save"):
+        out += _binding_patches(
+            state_dict_saver.async_save, "async_save", _wrap("save", n.SPAN_CHECKPOINT_SAVE, True)
+        )
+    return out

@@ -1,0 +1,277 @@
+"""Training paths inside real gloo ranks: DDP, FSDP2, FSDP1, tensor parallel, optimizers, sharding."""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+# Imported by name at module level, before instrument(), as training scripts do: instrument() finds and
+# patches these bindings too.
+from torch.distributed.tensor import Replicate, Shard, distribute_tensor
+from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+
+def _instrument(out: str, run_id: str, **extra: Any) -> None:
+    import otel_torchdist
+
+    otel_torchdist.instrument(
+        run_dir=os.path.join(out, "runs"),
+        run_id=run_id,
+        traces_exporter="file",
+        metrics_exporter=("file",),
+        summary="none",
+        drain_interval=0.05,
+        system_metrics=False,
+        **extra,
+    )
+
+
+def _finish() -> None:
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def _train(model: nn.Module, steps: int, rank: int, opt=None) -> list[torch.Tensor]:
+    opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(100 + rank)
+    for _ in range(steps):
+        x = torch.randn(8, 16, generator=gen)
+        loss = model(x).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    return [p.detach().clone() for p in model.parameters()]
+
+
+# ------------------------------------------------------------------------------------------------ DDP
+def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """The same DDP training uninstrumented, instrumented, and instrumented with a user comm hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    steps = args.get("steps", 3)
+    plain = _train(DDP(_mlp(), bucket_cap_mb=0.01), steps, rank)
+    _instrument(out, f"ddp-ws{ws}")
+    model = DDP(_mlp(), bucket_cap_mb=0.01)
+    instrumented = _train(model, steps, rank)
+    sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
+    calls: list[int] = []
+
+    def user_hook(state, bucket):
+        calls.append(bucket.index())
+        from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+        return allreduce_hook(state, bucket)
+
+    hook_group = dist.new_group(list(range(ws)), group_desc="hooked")
+    hooked = DDP(_mlp(), bucket_cap_mb=0.01, process_group=hook_group)
+    # find_unused_parameters=True with nothing unused: a warning once DDP has seen enough iterations
+    wasteful = DDP(_mlp(), find_unused_parameters=True, process_group=dist.new_group(list(range(ws)), group_desc="wasteful"))
+    _train(wasteful, 13, rank)
+    hooked.register_comm_hook(hook_group, user_hook)
+    second_registration = None
+    try:
+        hooked.register_comm_hook(None, user_hook)
+    except RuntimeError as exc:
+        second_registration = str(exc)
+    with_hook = _train(hooked, steps, rank)
+    _finish()
+    return {
+        "identical": all(torch.equal(a, b) for a, b in zip(plain, instrumented)),
+        "identical_with_hook": all(torch.equal(a, b) for a, b in zip(plain, with_hook)),
+        "rebuilt_bucket_sizes": [int(x) for x in sizes.split(",")] if sizes else [],
+        "steps": steps,
+        "hook_calls": len(calls),
+        "second_registration": second_registration,
+    }
+
+
+# ---------------------------------------------------------------------------------------------- FSDP
+def fsdp2(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """fully_shard on an MLP's blocks and root; the oracles watch the same steps."""
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import ProfilerActivity, profile
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"fsdp2-ws{ws}")
+    model = _mlp()
+    for block in (model[0], model[2], model[4]):
+        fully_shard(block)
+    fully_shard(model)
+    opt = torch.optim.Adam(model.parameters(), lr=0.01)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        _train(model, args.get("steps", 2), rank, opt)
+    counts = Counter(e.name for e in prof.events() if e.name.startswith("gloo:"))
+    _finish()
+    return {"profiler_counts": dict(counts), "original_shapes": [list(p.shape) for p in _mlp().parameters()]}
+
+
+def fsdp1(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"fsdp1-ws{ws}")
+    model = FSDP(_mlp(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"))
+    _train(model, args.get("steps", 2), rank)
+    _finish()
+    return {}
+
+
+# --------------------------------------------------------------------------------- tensor parallel
+class TPMLP(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.net1 = nn.Linear(16, 32)
+        self.relu = nn.ReLU()
+        self.net2 = nn.Linear(32, 16)
+
+    def forward(self, x):
+        return self.net2(self.relu(self.net1(x)))
+
+
+def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """A Colwise/Rowwise TP MLP, forward and backward, inside CommDebugMode: its counts are the oracle."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"tp-ws{ws}")
+    mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("tp",))
+    model = parallelize_module(TPMLP(), mesh, {"net1": ColwiseParallel(), "net2": RowwiseParallel()})
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
+    steps = args.get("steps", 2)
+    module_counts: dict = {}
+    comm_counts: Counter = Counter()
+    for _ in range(steps):
+        # A fresh mode per step: one CommDebugMode across two forward/backward passes trips over its own
+        # module stack (IndexError in _fw_set_module_hook), instrumented or not.
+        with CommDebugMode() as cdm:
+            model(x).sum().backward()
+        comm_counts.update({str(k): v for k, v in cdm.get_comm_counts().items()})
+        for module, phases in cdm.comm_module_counts.items():
+            for phase, ops in phases.items():
+                for op, c in ops.items():
+                    slot = module_counts.setdefault(module, {}).setdefault(phase, {})
+                    slot[str(op)] = slot.get(str(op), 0) + c
+    # sharding spans: a 8x4 tensor under Shard(0), Shard(1), Replicate
+    full = torch.arange(32, dtype=torch.float32).reshape(8, 4)
+    shard0 = distribute_tensor(full, mesh, [Shard(0)])
+    distribute_tensor(full, mesh, [Shard(1)])
+    distribute_tensor(full, mesh, [Replicate()])
+    shard0.redistribute(mesh, [Replicate()])
+    _finish()
+    return {"comm_counts": dict(comm_counts), "module_counts": module_counts}
+
+
+# ------------------------------------------------------------------------------------------ optimizers
+def optimizers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"optim-ws{ws}")
+    steps = args.get("steps", 3)
+    made = {}
+    model = _mlp()
+    made["SGD"] = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    made["Adam-foreach"] = torch.optim.Adam(model.parameters(), lr=0.01, foreach=True)
+    made["Adam-fused"] = torch.optim.Adam(model.parameters(), lr=0.01, fused=True)
+    made["ZeRO"] = ZeroRedundancyOptimizer(model.parameters(), optimizer_class=torch.optim.Adam, lr=0.01)
+
+    class Subclassed(torch.optim.SGD):
+        def step(self, closure=None):
+            return super().step(closure)
+
+    made["Subclassed"] = Subclassed(model.parameters(), lr=0.1)
+    order = []
+    for label, opt in made.items():
+        for _ in range(steps):
+            model(torch.randn(4, 16)).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            order.append(label)
+    # A step that raises must not leave the capture thinking it is still inside it.
+    class Broken(torch.optim.SGD):
+        def step(self, closure=None):
+            raise RuntimeError("broken step")
+
+    try:
+        Broken(model.parameters(), lr=0.1).step()
+    except RuntimeError:
+        pass
+    model(torch.randn(4, 16)).sum().backward()
+    made["SGD"].step()
+    _finish()
+    return {"order": order, "steps": steps}
+
+
+# ------------------------------------------------------------------------------------ torch.compile
+def compiled(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    import otel_torchdist
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"compile-ws{ws}")
+
+    def step(x):
+        y = x * 2
+        dist.all_reduce(y)
+        z = torch.empty(8 * ws)
+        dist.all_gather_into_tensor(z, y)
+        return z.sum()
+
+    fn = torch.compile(step, backend="aot_eager")
+    x = torch.ones(8)
+    fn(x)  # compiles; outside the deep mode compiled collectives are invisible
+    graphs_before = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    with otel_torchdist.deep_capture():
+        results = [fn(x).item() for _ in range(3)]
+    graphs_after = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    _finish()
+    return {"graphs_before": graphs_before, "graphs_after": graphs_after, "results": results}
+
+
+# ------------------------------------------------------------------------- checkpoint, optimizer in bwd
+def checkpoint_and_optimizer_in_backward(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    import torch.distributed.checkpoint as dcp
+    from torch.distributed.optim import _apply_optimizer_in_backward
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"ckpt-ws{ws}")
+    model = _mlp()
+    state = {"model": model.state_dict()}
+    path = os.path.join(out, "ckpt")
+    dcp.save(state, checkpoint_id=path)
+    dcp.load(state, checkpoint_id=path)
+    fut = dcp.async_save({"model": model.state_dict()}, checkpoint_id=os.path.join(out, "ckpt-async"))
+    fut.result()
+    # optimizer in backward: one SGD step per parameter, inside backward
+    model2 = _mlp()
+    _apply_optimizer_in_backward(torch.optim.SGD, model2.parameters(), {"lr": 0.1})
+    model2(torch.randn(4, 16)).sum().backward()
+    nparams = len(list(model2.parameters()))
+    _finish()
+    return {"bytes": sum(t.nbytes for t in model.state_dict().values()), "params": nparams}
+
+
+def ddp_built_before_instrument(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    early = DDP(_mlp(), bucket_cap_mb=0.01)
+    _instrument(out, f"early-ws{ws}")
+    _train(early, 2, rank)
+    _finish()
+    return {}

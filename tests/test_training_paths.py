@@ -1,0 +1,311 @@
+"""Every training path in real 2- and 4-rank gloo jobs: DDP, FSDP2, FSDP1, tensor parallel, optimizers.
+
+The jobs live in ``tests/scenarios_training.py``; each runs once per world size (module-scoped fixtures)
+and the tests read what every rank exported, comparing with the reducer's own buckets, CommDebugMode and
+torch.profiler on the same run.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+
+import pytest
+
+from otel_torchdist import names as n
+
+from .harness import read_spans, run_ranks
+
+
+def _job(tmp_path_factory, scenario: str, ws: int, run_prefix: str, args: dict | None = None):
+    out = str(tmp_path_factory.mktemp(f"{scenario}{ws}"))
+    results = run_ranks(f"scenarios_training:{scenario}", ws, out, args or {})
+    folder = os.path.join(out, "runs", f"{run_prefix}-ws{ws}")
+    spans = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in range(ws)]
+    return {"ws": ws, "results": results, "spans": spans, "folder": folder}
+
+
+def _collectives(spans):
+    return [s for s in spans if n.COLL_OP in s["attributes"]]
+
+
+def _a(span, key):
+    return span["attributes"].get(key)
+
+
+# ------------------------------------------------------------------------------------------------ DDP
+@pytest.fixture(scope="module", params=(2, 4), ids=lambda ws: f"ws{ws}")
+def ddp_job(request, tmp_path_factory):
+    return _job(tmp_path_factory, "ddp", request.param, "ddp", {"steps": 3})
+
+
+def test_ddp_results_are_bit_identical_instrumented(ddp_job):
+    for result in ddp_job["results"]:
+        assert result["identical"], "DDP parameters differ with the trampoline comm hook"
+        assert result["identical_with_hook"], "a user comm hook changed results"
+
+
+def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
+    for rank in range(ddp_job["ws"]):
+        result = ddp_job["results"][rank]
+        sizes = result["rebuilt_bucket_sizes"]
+        assert len(sizes) >= 2, "the test model should need more than one bucket"
+        buckets = [
+            s for s in _collectives(ddp_job["spans"][rank])
+            if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) == "default_pg"
+        ]  # fmt: skip
+        # Iteration 0 reduces one bucket with every gradient; the reducer then rebuilds its buckets.
+        first = [s for s in buckets if _a(s, n.DDP_BUCKET_BYTES) == sum(sizes)]
+        rest = [s for s in buckets if s not in first]
+        assert len(first) == 1
+        assert len(rest) == len(sizes) * (result["steps"] - 1)
+        by_index = Counter((_a(s, n.DDP_BUCKET_INDEX), _a(s, n.DDP_BUCKET_BYTES)) for s in rest)
+        assert by_index == {(i, size): result["steps"] - 1 for i, size in enumerate(sizes)}
+        for s in buckets:
+            assert s["name"] == "all_reduce"
+            assert _a(s, n.COLL_PHASE) == "backward"
+            assert _a(s, n.COLL_MESSAGE_SIZE) == _a(s, n.DDP_BUCKET_BYTES)
+            assert _a(s, n.DDP_BUCKET_PARAMS) >= 1
+            assert _a(s, n.COLL_END_SOURCE) == "future"
+        lasts = [s for s in rest if _a(s, n.DDP_BUCKET_LAST)]
+        assert {_a(s, n.DDP_BUCKET_INDEX) for s in lasts} == {len(sizes) - 1}
+
+
+def test_user_comm_hook_keeps_working_and_is_measured(ddp_job):
+    ws = ddp_job["ws"]
+    for rank in range(ws):
+        result = ddp_job["results"][rank]
+        hooked = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "hooked"]
+        bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp"]
+        assert result["hook_calls"] == len(bucket_records) > 0
+        assert result["second_registration"] == "register_comm_hook or register_builtin_comm_hook can only be called once."
+
+
+def test_ddp_configuration_and_model_recorded_once_per_model(ddp_job):
+    spans = ddp_job["spans"][0]
+    inits = [s for s in spans if s["name"] == n.SPAN_DDP_INIT]
+    assert len(inits) == 3  # the plain one was built before instrument(): three instrumented models
+    a = inits[0]["attributes"]
+    assert a[n.MODEL_CLASS] == "Sequential"
+    assert a[n.MODEL_PARAMS] == a[n.MODEL_TRAINABLE] == 16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4
+    assert a[n.MODEL_PARAM_BYTES] == 4 * a[n.MODEL_PARAMS]
+    assert a[n.DDP_FIND_UNUSED] is False and a[n.DDP_BROADCAST_BUFFERS] is True
+    assert a[n.DDP_BUCKET_CAP_MB] == pytest.approx(0.01, rel=1e-3)
+    from .harness import last_metrics
+
+    metrics = last_metrics(os.path.join(ddp_job["folder"], "metrics.rank0.jsonl"))
+    params = {p["attributes"]["kind"]: int(p["asInt"]) for p in metrics[n.MODEL_PARAMETERS.name]}
+    assert params == {"total": a[n.MODEL_PARAMS], "trainable": a[n.MODEL_PARAMS]}
+    assert n.DDP_BACKWARD_COMM.name in metrics  # DDP's own logging data, read while training
+
+
+# ----------------------------------------------------------------------------------------------- FSDP
+@pytest.fixture(scope="module", params=(2, 4), ids=lambda ws: f"ws{ws}")
+def fsdp2_job(request, tmp_path_factory):
+    return _job(tmp_path_factory, "fsdp2", request.param, "fsdp2", {"steps": 2})
+
+
+def test_fsdp2_collectives_carry_their_unit_and_match_the_profiler(fsdp2_job):
+    for rank in range(fsdp2_job["ws"]):
+        colls = _collectives(fsdp2_job["spans"][rank])
+        assert colls and all(_a(s, n.COLL_FRAMEWORK) == "fsdp" for s in colls)
+        units = Counter((s["name"], _a(s, n.COLL_MODULE), _a(s, n.COLL_PHASE)) for s in colls)
+        steps = 2
+        for unit in ("0", "2", "4"):  # the blocks that hold parameters; the root holds none
+            assert units[("all_gather_single", unit, "forward")] == steps
+            assert units[("all_gather_single", unit, "backward")] == steps  # re-gathered for backward
+            assert units[("reduce_scatter_single", unit, "backward")] == steps
+        assert sum(units.values()) == len(colls)
+        # torch.profiler's gloo events on the same steps (gloo reduce-scatters with an all-reduce)
+        profiler = fsdp2_job["results"][rank]["profiler_counts"]
+        ours = Counter(s["name"] for s in colls)
+        assert profiler == {
+            "gloo:all_gather": ours["all_gather_single"],
+            "gloo:all_reduce": ours["reduce_scatter_single"],
+        }
+        for s in colls:
+            assert _a(s, n.FSDP_ACTION) == ("unshard" if s["name"] == "all_gather_single" else "reduce_scatter")
+
+
+def test_fully_shard_recorded_with_unsharded_and_sharded_shapes(fsdp2_job):
+    ws = fsdp2_job["ws"]
+    shards = [s for s in fsdp2_job["spans"][0] if s["name"] == n.SPAN_FULLY_SHARD]
+    assert len(shards) == 3
+    originals = [tuple(_a(s, n.SHARD_ORIGINAL_SHAPES)) for s in shards]
+    assert originals == [("[64, 16]", "[64]"), ("[64, 64]", "[64]"), ("[4, 64]", "[4]")]
+    for s in shards:
+        for orig, sharded in zip(_a(s, n.SHARD_ORIGINAL_SHAPES), _a(s, n.SHARD_SHARDED_SHAPES)):
+            rows = eval(orig)[0]
+            assert eval(sharded)[0] == -(-rows // ws)  # dim 0 split over the ranks, rounded up
+        assert _a(s, n.SHARD_MESH_SHAPE) == [ws]
+
+
+@pytest.fixture(scope="module")
+def fsdp1_job(tmp_path_factory):
+    return _job(tmp_path_factory, "fsdp1", 2, "fsdp1", {"steps": 2})
+
+
+def test_fsdp1_collectives_carry_their_unit(fsdp1_job):
+    colls = _collectives(fsdp1_job["spans"][0])
+    units = Counter((_a(s, n.COLL_MODULE), _a(s, n.FSDP_ACTION)) for s in colls)
+    for unit in ("0", "2", "4"):
+        assert units[(unit, "unshard")] == 4  # forward and backward, two steps
+        assert units[(unit, "reduce_scatter")] == 2
+    wraps = [s for s in fsdp1_job["spans"][0] if s["name"] == n.SPAN_FSDP_WRAP]
+    assert {_a(s, n.SHARD_PARAMS) for s in wraps} >= {16 * 64 + 64, 64 * 64 + 64, 64 * 4 + 4}
+
+
+# ------------------------------------------------------------------------------------ tensor parallel
+@pytest.fixture(scope="module", params=(2, 4), ids=lambda ws: f"ws{ws}")
+def tp_job(request, tmp_path_factory):
+    return _job(tmp_path_factory, "tensor_parallel", request.param, "tp", {"steps": 2})
+
+
+def _hierarchical(spans) -> dict:
+    """Our collectives counted per module and phase the way CommDebugMode counts: each module's count
+    includes its submodules', and 'Global' holds everything."""
+    out: dict = {}
+    for s in spans:
+        module = _a(s, n.COLL_MODULE)
+        phase = _a(s, n.COLL_PHASE)
+        op = "c10d_functional." + {"all_gather_single": "all_gather_into_tensor"}.get(s["name"], s["name"])
+        names = ["Global"]
+        if module:
+            parts = module.split(".")
+            names += [".".join(parts[: i + 1]) for i in range(len(parts))]
+        for name in names:
+            slot = out.setdefault(name, {}).setdefault(phase, {})
+            slot[op] = slot.get(op, 0) + 1
+    return out
+
+
+def test_tp_per_module_per_phase_counts_equal_comm_debug_modes(tp_job):
+    for rank in range(tp_job["ws"]):
+        result = tp_job["results"][rank]
+        training = [
+            s for s in _collectives(tp_job["spans"][rank])
+            if _a(s, n.COLL_PHASE) in ("forward", "backward")
+        ]  # fmt: skip
+        ours = _hierarchical(training)
+        theirs = {m: {p: ops for p, ops in phases.items() if ops} for m, phases in result["module_counts"].items()}
+        assert ours == theirs
+        assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
+
+
+def test_sharding_spans_carry_original_and_shard_shapes(tp_job):
+    ws = tp_job["ws"]
+    spans = tp_job["spans"][0]
+    top = [s for s in spans if s["name"] == n.SPAN_DISTRIBUTE_TENSOR and _a(s, n.SHARD_ORIGINAL_SHAPES) == ["[8, 4]"]]
+    by_placement = {tuple(_a(s, n.SHARD_PLACEMENTS_AFTER)): _a(s, n.SHARD_SHARDED_SHAPES) for s in top}
+    assert by_placement == {("S(0)",): [f"[{8 // ws}, 4]"], ("S(1)",): [f"[8, {4 // ws}]"], ("R",): ["[8, 4]"]}
+    for s in top:
+        assert _a(s, n.SHARD_MESH_SHAPE) == [ws] and _a(s, n.SHARD_MESH_DIMS) == ["tp"]
+    (plan,) = [s for s in spans if s["name"] == n.SPAN_PARALLELIZE_MODULE and _a(s, n.SHARD_MODULE) == "TPMLP"]
+    assert _a(plan, n.SHARD_PLAN) == ["net1=ColwiseParallel", "net2=RowwiseParallel"]
+    redis = [s for s in spans if s["name"] == n.SPAN_REDISTRIBUTE and _a(s, n.SHARD_PLACEMENTS_BEFORE) == ["S(0)"]]
+    (last,) = [s for s in redis if _a(s, n.SHARD_PLACEMENTS_AFTER) == ["R"] and _a(s, n.SHARD_ORIGINAL_SHAPES) == ["[8, 4]"]]
+    assert _a(last, n.SHARD_SHARDED_SHAPES) == [f"[{8 // ws}, 4]", "[8, 4]"]
+    # the all-gather it issued is its child
+    children = [s for s in spans if s.get("parentSpanId") == last["spanId"]]
+    assert [s["name"] for s in children] == ["all_gather_single"]
+    assert _a(children[0], n.COLL_FRAMEWORK) == "dtensor"
+
+
+# ------------------------------------------------------------------------------------------ optimizers
+@pytest.fixture(scope="module")
+def optim_job(tmp_path_factory):
+    return _job(tmp_path_factory, "optimizers", 2, "optim", {"steps": 3})
+
+
+def test_one_optimizer_step_span_per_step(optim_job):
+    spans = optim_job["spans"][0]
+    steps = [s for s in spans if s["name"] == n.SPAN_OPTIMIZER_STEP]
+    classes = Counter(_a(s, n.OPT_CLASS) for s in steps)
+    # SGD 3 (+1 after the failed step), Adam foreach and fused 3 each, ZeRO 3 (not 6), subclass 3 (not 6)
+    assert classes == {"SGD": 4, "Adam": 6, "ZeroRedundancyOptimizer": 3, "Subclassed": 3}
+    zero = [s for s in steps if _a(s, n.OPT_CLASS) == "ZeroRedundancyOptimizer"]
+    assert all(_a(s, n.OPT_INNER_CLASS) == "Adam" for s in zero)
+    assert [_a(s, n.OPT_STEP) for s in zero] == [1, 2, 3]
+    sgd = [s for s in steps if _a(s, n.OPT_CLASS) == "SGD"]
+    assert _a(sgd[0], n.OPT_LR) == [0.1] and _a(sgd[0], n.OPT_MOMENTUM) == [0.9]
+    assert _a(sgd[-1], n.OPT_STEP) == 4  # the failed Broken.step did not leave the capture stuck
+    adam = [s for s in steps if _a(s, n.OPT_CLASS) == "Adam"]
+    assert _a(adam[0], n.OPT_BETAS) == ["0.9,0.999"]
+    assert all(_a(s, n.OPT_PARAMS) == 5508 for s in steps)
+
+
+def test_collectives_inside_a_step_are_its_children(optim_job):
+    spans = optim_job["spans"][0]
+    by_id = {s["spanId"]: s for s in spans}
+    broadcasts = [s for s in spans if s["name"] == "broadcast"]
+    assert broadcasts
+    for s in broadcasts:
+        parent = by_id[s["parentSpanId"]]
+        assert parent["name"] == n.SPAN_OPTIMIZER_STEP and _a(parent, n.OPT_CLASS) == "ZeroRedundancyOptimizer"
+        assert _a(s, n.COLL_PHASE) == "optimizer"
+        assert parent["traceId"] == s["traceId"]
+
+
+def test_optimizer_step_histogram(optim_job):
+    from .harness import last_metrics
+
+    metrics = last_metrics(os.path.join(optim_job["folder"], "metrics.rank0.jsonl"))
+    counts = {p["attributes"]["optimizer"]: int(p["count"]) for p in metrics[n.OPTIMIZER_STEP_DURATION.name]}
+    assert counts == {"SGD": 4, "Adam": 6, "ZeroRedundancyOptimizer": 3, "Subclassed": 3}
+
+
+def test_wasteful_ddp_configuration_warns(ddp_job):
+    warnings = [s for s in ddp_job["spans"][0] if s["name"] == n.SPAN_WARNING]
+    assert len(warnings) == 1
+    (w,) = warnings
+    assert _a(w, n.WARNING_KIND) == "ddp_config"
+    assert "find_unused_parameters=True" in _a(w, n.WARNING_MESSAGE)
+    assert w["events"][0]["name"] == n.WARNING_EVENT
+
+
+def test_ddp_built_before_instrument_gets_bucket_records(tmp_path_factory):
+    job = _job(tmp_path_factory, "ddp_built_before_instrument", 2, "early")
+    buckets = [s for s in _collectives(job["spans"][0]) if _a(s, n.COLL_FRAMEWORK) == "ddp"]
+    assert len(buckets) == 1 + 2  # one bucket before the reducer rebuilds them, then two
+    assert all(_a(s, n.DDP_BUCKET_BYTES) == _a(s, n.COLL_MESSAGE_SIZE) for s in buckets)
+
+
+# ------------------------------------------------------------------------------- compile, checkpoint
+def test_compiled_collectives_seen_by_the_deep_mode_without_recompiling(tmp_path_factory):
+    job = _job(tmp_path_factory, "compiled", 2, "compile")
+    for rank in range(2):
+        result = job["results"][rank]
+        assert result["graphs_after"] == result["graphs_before"] == 1
+        assert result["results"] == [64.0] * 3
+        colls = _collectives(job["spans"][rank])
+        assert Counter((s["name"], _a(s, n.COLL_MESSAGE_SIZE)) for s in colls) == {
+            ("all_reduce", 32): 3,
+            ("all_gather_into_tensor", 64): 3,
+        }
+        for s in colls:
+            assert _a(s, n.COLL_SOURCE) == "deep" and _a(s, n.COLL_FRAMEWORK) == "compiled"
+            assert _a(s, n.COLL_END_SOURCE) == "wait"
+
+
+def test_checkpoint_spans_and_optimizer_in_backward(tmp_path_factory):
+    job = _job(tmp_path_factory, "checkpoint_and_optimizer_in_backward", 2, "ckpt")
+    result = job["results"][0]
+    spans = job["spans"][0]
+    by_id = {s["spanId"]: s for s in spans}
+    saves = [s for s in spans if s["name"] == n.SPAN_CHECKPOINT_SAVE]
+    loads = [s for s in spans if s["name"] == n.SPAN_CHECKPOINT_LOAD]
+    assert len(saves) == 2 and len(loads) == 1
+    assert sorted(_a(s, n.CKPT_ASYNC) for s in saves) == [False, True]
+    for s in saves + loads:
+        assert _a(s, n.CKPT_BYTES) == result["bytes"] and _a(s, n.CKPT_TENSORS) == 6
+    children = [s for s in _collectives(spans) if s.get("parentSpanId") in {x["spanId"] for x in saves + loads}]
+    assert children and all(_a(s, n.COLL_PHASE) == "checkpoint" for s in children)
+    assert all(by_id[s["parentSpanId"]]["traceId"] == s["traceId"] for s in children)
+    from .harness import last_metrics
+
+    metrics = last_metrics(os.path.join(job["folder"], "metrics.rank0.jsonl"))
+    counts = {p["attributes"]["op"]: int(p["count"]) for p in metrics[n.CHECKPOINT_DURATION.name]}
+    assert counts == {"save": 2, "load": 1}
+    steps = [s for s in spans if s["name"] == n.SPAN_OPTIMIZER_STEP]
+    assert len(steps) == result["params"]  # one step per parameter, inside backward
+    assert all(_a(s, n.OPT_IN_BACKWARD) is True for s in steps)
