@@ -1,0 +1,69 @@
+"""This process and its host, through psutil: CPU time and use, resident memory, open files, network bytes.
+
+Network bytes are summed over the host's interfaces except loopback (ranks on one host talk over ``lo``,
+which is not network traffic) and counted from the sampler's first reading, so the counter starts at 0.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import psutil
+
+from .. import names as n
+from ..otlp import MetricData, NumberPoint
+from .series import Deltas, labels
+
+
+def _loopback(nic: str) -> bool:
+    return nic == "lo" or nic.startswith("lo") or nic.lower().startswith("loopback")
+
+
+class ProcessSampler:
+    def __init__(self, host: str) -> None:
+        self.host = host
+        self._proc = psutil.Process()
+        self._net = Deltas()
+        self._last_cpu: tuple[float, float] | None = None  # (cpu seconds, monotonic seconds)
+        self._has_fds = hasattr(self._proc, "num_fds")  # POSIX only
+
+    def sample(self, base: dict[str, str]) -> list[MetricData]:
+        proc = self._proc
+        with proc.oneshot():
+            times = proc.cpu_times()
+            rss = proc.memory_info().rss
+            fds = proc.num_fds() if self._has_fds else None
+        now = time.monotonic()
+        cpu = float(times.user + times.system)
+        rank = labels(n.PROCESS_CPU_TIME, base)
+        out = [
+            MetricData(n.PROCESS_CPU_TIME, [NumberPoint(rank, cpu)]),
+            MetricData(n.PROCESS_RSS, [NumberPoint(rank, int(rss))]),
+        ]
+        if self._last_cpu is not None and now > self._last_cpu[1]:
+            cores = max(0.0, (cpu - self._last_cpu[0]) / (now - self._last_cpu[1]))
+            out.append(MetricData(n.PROCESS_CPU_UTILIZATION, [NumberPoint(rank, cores)]))
+        self._last_cpu = (cpu, now)
+        if fds is not None:
+            out.append(MetricData(n.PROCESS_OPEN_FDS, [NumberPoint(rank, int(fds))]))
+        sent = received = 0
+        for nic, c in psutil.net_io_counters(pernic=True).items():
+            if not _loopback(nic):
+                sent += c.bytes_sent
+                received += c.bytes_recv
+        out.append(
+            MetricData(
+                n.HOST_NETWORK_IO,
+                [
+                    NumberPoint(labels(n.HOST_NETWORK_IO, base, self.host, "transmit"), int(self._net.feed("tx", sent))),
+                    NumberPoint(labels(n.HOST_NETWORK_IO, base, self.host, "receive"), int(self._net.feed("rx", received))),
+                ],
+            )
+        )
+        return out
+
+
+def describe() -> dict[str, Any]:
+    """Host facts for the run description."""
+    return {"cpu_count": psutil.cpu_count(), "memory_bytes": psutil.virtual_memory().total}
