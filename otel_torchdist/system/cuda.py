@@ -24,27 +24,26 @@ def visible_count() -> int:
         return 0
 
 
-def _stats(device: int) -> dict[str, Any]:
-    return torch.cuda.memory_stats_as_nested_dict(device)
-
-
-def devices_in_use(count: int) -> list[int]:
-    """Devices on which this process's allocator holds memory (empty until CUDA is initialized)."""
+def allocator_stats(count: int) -> dict[int, dict[str, Any]]:
+    """The allocator's statistics of every visible device (nothing until this process initialized CUDA)."""
     if not torch.cuda.is_initialized():
-        return []
-    return [d for d in range(count) if _stats(d).get("reserved_bytes", {}).get("all", {}).get("current", 0) > 0]
+        return {}
+    return {d: torch.cuda.memory_stats_as_nested_dict(d) for d in range(count)}
+
+
+def in_use(stats: dict[int, dict[str, Any]]) -> list[int]:
+    """Devices on which this process's allocator holds memory."""
+    return [d for d, s in stats.items() if s.get("reserved_bytes", {}).get("all", {}).get("current", 0) > 0]
 
 
 class AllocatorSampler:
     def __init__(self) -> None:
         self._retries = Deltas()
 
-    def sample(self, base: dict[str, str], devices: list[int]) -> list[MetricData]:
-        if not devices or not torch.cuda.is_initialized():
-            return []
+    def sample(self, base: dict[str, str], stats: dict[int, dict[str, Any]]) -> list[MetricData]:
+        """Points for the devices in ``stats`` (those this rank uses)."""
         allocated, reserved, peak, retries = [], [], [], []
-        for d in devices:
-            s = _stats(d)
+        for d, s in sorted(stats.items()):
             if not s:
                 continue
             lab = labels(n.CUDA_ALLOCATED, base, d)
@@ -52,6 +51,8 @@ class AllocatorSampler:
             reserved.append(NumberPoint(lab, int(s["reserved_bytes"]["all"]["current"])))
             peak.append(NumberPoint(lab, int(s["allocated_bytes"]["all"]["peak"])))
             retries.append(NumberPoint(lab, int(self._retries.feed(d, s.get("num_alloc_retries", 0)))))
+        if not allocated:
+            return []
         return [
             MetricData(n.CUDA_ALLOCATED, allocated),
             MetricData(n.CUDA_RESERVED, reserved),

@@ -137,8 +137,10 @@ class SystemTelemetry(Component):
         base = self.rt.pipeline.base_labels
         points: list[MetricData] = []
         points += self._guarded("sample the process", self.process.sample, base) or []
-        devices = self._guarded("list the CUDA devices in use", self._devices) or []
-        points += self._guarded("read the CUDA allocator", self.allocator.sample, base, devices) or []
+        stats = self._guarded("read the CUDA allocator", self._allocator_stats) or {}
+        devices = self._devices(stats)
+        used = {d: stats[d] for d in devices if d in stats}
+        points += self._guarded("build CUDA allocator metrics", self.allocator.sample, base, used) or []
         readings = self._guarded("read the GPUs", self._read_gpus, devices) or []
         points += self._guarded("build GPU metrics", self.gpus.metric_data, readings, base) or []
         self._guarded("check GPU warnings", self.check_warnings, readings, time.monotonic())
@@ -154,10 +156,14 @@ class SystemTelemetry(Component):
             health.error("system", f"the system sampler could not {what}", exc)
             return None
 
-    def _devices(self) -> list[int]:
-        if not self._visible or not torch.cuda.is_initialized():
+    def _allocator_stats(self) -> dict[int, dict[str, Any]]:
+        return cuda.allocator_stats(self._visible) if self._visible else {}
+
+    def _devices(self, stats: dict[int, dict[str, Any]]) -> list[int]:
+        """The devices this rank uses, given every visible device's allocator statistics."""
+        if not stats:
             return []
-        devices = set(cuda.devices_in_use(self._visible))
+        devices = set(cuda.in_use(stats))
         if self._start_device is not None:
             devices.add(self._start_device)
         return sorted(devices)
