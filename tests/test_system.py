@@ -17,13 +17,14 @@ import subprocess
 import threading
 import time
 import urllib.request
+from contextlib import contextmanager
 
 import pytest
 import torch
 from prometheus_client.parser import text_string_to_metric_families
 
 import otel_torchdist
-from otel_torchdist import health, runtime
+from otel_torchdist import config, health, runtime
 from otel_torchdist import names as n
 from otel_torchdist.system import THREAD_NAME, SystemTelemetry
 from otel_torchdist.system.describe import node_count
@@ -47,6 +48,29 @@ def _system() -> SystemTelemetry:
 
 def _points(comp: SystemTelemetry) -> dict[str, list]:
     return {md.metric.name: md.points for md in comp.metric_data() if md.points}
+
+
+def _log_level_option(level: int) -> dict:
+    """The ``log_level`` option where instrument() has one (it then sets the library logger's level)."""
+    return {"log_level": logging.getLevelName(level)} if "log_level" in config.OPTION_NAMES else {}
+
+
+@contextmanager
+def _library_log(level: int = logging.INFO):
+    """Records the ``otel_torchdist`` logger emits at ``level`` and above, from a handler on that logger
+    itself (it may not propagate to pytest's), with its level opened up."""
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(level)
+    handler.emit = records.append
+    logger = logging.getLogger("otel_torchdist")
+    old_level = logger.level
+    logger.setLevel(level)
+    logger.addHandler(handler)
+    try:
+        yield records
+    finally:
+        logger.removeHandler(handler)
+        logger.setLevel(old_level)
 
 
 def _value(points: dict[str, list], name: str) -> float:
@@ -141,10 +165,10 @@ def test_patches_go_in_and_come_back_identical(ddp_job):
 
 
 # ------------------------------------------------------------------- in this process, on this CPU
-def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_pg, instrumented, caplog):
+def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_pg, instrumented):
     health.reset()
-    with caplog.at_level(logging.INFO, logger="otel_torchdist"):
-        instrumented(system_interval=0.05)
+    with _library_log() as records:
+        instrumented(system_interval=0.05, **_log_level_option(logging.INFO))
         comp = _system()
         assert THREAD_NAME in [t.name for t in threading.enumerate()]
         first = wait_for(lambda: _points(comp).get(n.PROCESS_CPU_TIME.name) and _points(comp), 10, what="a sample")
@@ -171,7 +195,7 @@ def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_p
     assert THREAD_NAME not in [t.name for t in threading.enumerate()]
     assert health.errors() == {}
     if not GPU_VISIBLE:
-        said = [r for r in caplog.records if "GPU" in r.getMessage()]
+        said = [r for r in records if "GPU" in r.getMessage()]
         assert len(said) == 1 and "GPU metrics off" in said[0].getMessage() and said[0].levelno == logging.INFO
 
 
@@ -298,12 +322,12 @@ def test_memory_near_limit_warns_once_until_it_drops_back():
     assert len(WarningState(0.0, 1.0, 0.9).observe([_reading(used=total, gpu=0), _reading(used=total, gpu=1)], 0.0)) == 2
 
 
-def test_warning_span_with_its_event_lands_in_the_traces_file(fake_pg, instrumented, caplog):
+def test_warning_span_with_its_event_lands_in_the_traces_file(fake_pg, instrumented):
     # No GPU exists here: the sampler's own warning path is fed NVML-like readings.
     folder = instrumented(warn_gpu_utilization=0.3, warn_gpu_utilization_window=10.0, warn_memory_fraction=0.9)
     comp = _system()
     total = 80 << 30
-    with caplog.at_level(logging.WARNING, logger="otel_torchdist"):
+    with _library_log(logging.WARNING) as records:
         for t in (0.0, 5.0, 10.0, 15.0):
             comp.check_warnings([_reading(util=0.1, used=int(0.95 * total), total=total)], 1000.0 + t)
     otel_torchdist.uninstrument()
@@ -318,7 +342,7 @@ def test_warning_span_with_its_event_lands_in_the_traces_file(fake_pg, instrumen
         assert event["name"] == n.WARNING_EVENT
         assert {a["key"] for a in event["attributes"]} == {n.WARNING_KIND, n.WARNING_MESSAGE}
         assert span["resource"][n.RANK] == 0
-    logged = [r.getMessage() for r in caplog.records if r.levelno == logging.WARNING]
+    logged = [r.getMessage() for r in records if r.levelno == logging.WARNING]
     assert len(logged) == 2 and any("memory in use is 95.0%" in m for m in logged)
 
 
