@@ -12,12 +12,31 @@ rank, process group and op, with nccl-tests' message size and bus bandwidth. Opt
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 
 from ._version import __version__
 from .instrumentor import TorchDistributedInstrumentor
 
-__all__ = ["instrument", "uninstrument", "flush", "deep_capture", "TorchDistributedInstrumentor", "__version__"]
+from .logs import get_logger, rank_zero_info, rank_zero_only, rank_zero_warning
+
+__all__ = [
+    "instrument",
+    "uninstrument",
+    "flush",
+    "step",
+    "step_begin",
+    "step_end",
+    "record_step",
+    "set_total_steps",
+    "deep_capture",
+    "get_logger",
+    "rank_zero_info",
+    "rank_zero_warning",
+    "rank_zero_only",
+    "TorchDistributedInstrumentor",
+    "__version__",
+]
 
 
 def instrument(**options: Any) -> None:
@@ -32,6 +51,82 @@ def instrument(**options: Any) -> None:
 def uninstrument() -> None:
     """Restore every patched attribute, flush telemetry, stop background threads and servers."""
     TorchDistributedInstrumentor().uninstrument()
+
+
+def _tracker():
+    from . import runtime
+
+    rt = runtime.current()
+    return rt.steps if rt is not None else None
+
+
+def step_begin(n: int | None = None, *, total: int | None = None) -> int | None:
+    """Start training step ``n`` (default: the next one). Marking steps turns off optimizer-closed steps."""
+    tracker = _tracker()
+    if tracker is None:
+        return None
+    tracker.explicit = True
+    if total is not None:
+        tracker.total = int(total)
+    return tracker.begin(n, source="explicit")
+
+
+def step_end() -> None:
+    """End the current step (its spans and metrics are built in the background)."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.end()
+
+
+@contextlib.contextmanager
+def step(n: int | None = None, *, total: int | None = None):
+    """``with otel_torchdist.step(n):`` marks one training (or evaluation) step explicitly.
+
+    All ranks' spans of step ``n`` share one trace. ``total`` (the number of steps) enables the ETA
+    metric. With ``compile_capture="sampled"``, compiled code's collectives are recorded in sampled steps.
+    """
+    tracker = _tracker()
+    if tracker is None:
+        yield
+        return
+    step_begin(n, total=total)
+    deep = None
+    if tracker.cfg.compile_capture == "sampled":
+        from .capture import record
+
+        ctx = record.STEP[0]
+        if ctx is not None and ctx[3]:
+            from .capture.deep import deep_capture as _deep
+
+            deep = _deep()
+            deep.__enter__()
+    try:
+        yield
+    finally:
+        if deep is not None:
+            deep.__exit__(None, None, None)
+        step_end()
+
+
+def record_step(
+    *,
+    loss: float | None = None,
+    learning_rate: float | None = None,
+    samples: float | None = None,
+    tokens: float | None = None,
+) -> None:
+    """Values of the current step: loss and learning rate (gauges), samples and tokens (summed; with the
+    step time they give throughput). Also set as attributes of the step's span."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.record(loss=loss, learning_rate=learning_rate, samples=samples, tokens=tokens)
+
+
+def set_total_steps(total: int) -> None:
+    """The run's number of steps, for the ETA metric."""
+    tracker = _tracker()
+    if tracker is not None:
+        tracker.total = int(total)
 
 
 def deep_capture():

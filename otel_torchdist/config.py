@@ -34,6 +34,7 @@ SAMPLERS = (
     "parentbased_traceidratio",
 )
 SUMMARY_MODES = ("rank0", "all", "none")
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
 @dataclass(kw_only=True)
@@ -101,12 +102,46 @@ class Config:
     (comma-separated in the env). Env: ``OTEL_METRICS_EXPORTER``. Default: ``otlp`` when an endpoint is
     configured, else ``file``; plus ``prometheus``."""
 
-    traces_sampler: str = "parentbased_always_on"
+    traces_sampler: str | None = None
     """Which traces to keep. Env: ``OTEL_TRACES_SAMPLER``. The decision is a pure function of the trace id,
-    so every rank keeps the same traces. Sampling never thins the metrics."""
+    and every rank derives a step's trace id from the run id and step number, so all ranks keep the same
+    steps. Unset, steps are kept by ``trace_first_steps`` / ``trace_every_steps`` and everything outside
+    steps is kept (``parentbased_always_on``). Sampling never thins the metrics."""
 
     traces_sampler_arg: float = 1.0
     """Ratio for the ``*traceidratio`` samplers, 0..1. Env: ``OTEL_TRACES_SAMPLER_ARG``."""
+
+    trace_first_steps: int = 10
+    """Without ``OTEL_TRACES_SAMPLER``: trace the first this many steps... Env:
+    ``OTEL_TORCHDIST_TRACE_FIRST_STEPS``."""
+
+    trace_every_steps: int = 100
+    """...and then every this-many-th step (1: every step; 0: none after the first ones). Env:
+    ``OTEL_TORCHDIST_TRACE_EVERY_STEPS``."""
+
+    hang_threshold: float | None = None
+    """Seconds a collective may stay in flight before the watchdog reports it (event, log line, metric),
+    while the process is still alive. Env: ``OTEL_TORCHDIST_HANG_THRESHOLD_MS``. Default: half the default
+    process group's timeout, at most 300 s, so the report comes before the backend gives up."""
+
+    straggler_exchange_steps: int = 50
+    """Every this many steps the ranks swap their compute and wait times through the process group's
+    key-value store (never a collective: the user's collectives are not reordered) and each rank exports
+    the straggler score and the slowest rank. Env: ``OTEL_TORCHDIST_STRAGGLER_EXCHANGE_STEPS``; 0 turns the
+    exchange off (Prometheus can still rank the per-rank compute and wait metrics). Off above 1024 ranks."""
+
+    slow_step_factor: float = 3.0
+    """Warn when a step takes more than this many times the median of recent steps. Env:
+    ``OTEL_TORCHDIST_WARN_SLOW_STEP_FACTOR``; 0 disables."""
+
+    compile_capture: str = "off"
+    """``sampled``: inside ``otel_torchdist.step()`` blocks of sampled steps, also record the collectives
+    of ``torch.compile``d code (deep mode, costly per op). ``off``: only ``otel_torchdist.deep_capture()``
+    does. Env: ``OTEL_TORCHDIST_COMPILE_CAPTURE``."""
+
+    log_level: str = "WARNING"
+    """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:
+    ``OTEL_TORCHDIST_LOG_LEVEL``."""
 
     metric_export_interval: float = 60.0
     """Seconds between pushes of metrics to OTLP or the run folder. Env: ``OTEL_METRIC_EXPORT_INTERVAL``
@@ -196,7 +231,15 @@ class Config:
                 self.metrics_exporter = _split_list(self.metrics_exporter)
             for item in self.metrics_exporter:
                 _choice("metrics_exporter", item, METRICS_EXPORTERS)
-        _choice("traces_sampler", self.traces_sampler, SAMPLERS)
+        if self.traces_sampler is not None:
+            _choice("traces_sampler", self.traces_sampler, SAMPLERS)
+        for name in ("trace_first_steps", "trace_every_steps", "straggler_exchange_steps"):
+            _integer(name, getattr(self, name), 0)
+        if self.hang_threshold is not None:
+            _number("hang_threshold", self.hang_threshold, 0.0, None, exclusive_min=True)
+        _number("slow_step_factor", self.slow_step_factor, 0.0, None)
+        _choice("compile_capture", self.compile_capture, ("off", "sampled"))
+        _choice("log_level", self.log_level, LOG_LEVELS)
         _number("traces_sampler_arg", self.traces_sampler_arg, 0.0, 1.0)
         for name in ("endpoint", "traces_endpoint", "metrics_endpoint"):
             value = getattr(self, name)
@@ -417,6 +460,13 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),
     (PREFIX + "METRICS_RANK_LABEL", "metrics_rank_label", _parse_bool),
     (PREFIX + "SUMMARY", "summary", _parse_choice(SUMMARY_MODES)),
+    (PREFIX + "TRACE_FIRST_STEPS", "trace_first_steps", _parse_int),
+    (PREFIX + "TRACE_EVERY_STEPS", "trace_every_steps", _parse_int),
+    (PREFIX + "HANG_THRESHOLD_MS", "hang_threshold", _parse_ms),
+    (PREFIX + "STRAGGLER_EXCHANGE_STEPS", "straggler_exchange_steps", _parse_int),
+    (PREFIX + "WARN_SLOW_STEP_FACTOR", "slow_step_factor", _parse_float),
+    (PREFIX + "COMPILE_CAPTURE", "compile_capture", _parse_choice(("off", "sampled"))),
+    (PREFIX + "LOG_LEVEL", "log_level", lambda raw: _parse_choice(tuple(x.lower() for x in LOG_LEVELS))(raw).upper()),
     (PREFIX + "SYSTEM_METRICS", "system_metrics", _parse_bool),
     (PREFIX + "SYSTEM_INTERVAL_MS", "system_interval", _parse_ms),
     (PREFIX + "WARN_GPU_UTILIZATION", "warn_gpu_utilization", _parse_float),

@@ -693,7 +693,7 @@ DATALOADER_WAIT = Metric(
     "torchdist.dataloader.wait_time",
     "histogram",
     "s",
-    "Time the training loop waited for the next batch, per step, when observable.",
+    "Time the training loop waited for each batch (each DataLoader next()).",
     RANK_LABELS,
 )
 AMP_GRAD_SCALE = Metric("torchdist.amp.grad_scale", "gauge", "{scale}", "GradScaler's current scale.", RANK_LABELS)

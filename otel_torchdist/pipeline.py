@@ -35,7 +35,7 @@ class Pipeline:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.store = MetricStore()
-        self.sampler = Sampler(cfg.traces_sampler, cfg.traces_sampler_arg)
+        self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         # Sampled spans wait for export already encoded, one deque per wire format the sinks want
         # (bytes and str are not tracked by the garbage collector; SpanData objects would be). Until the
         # sinks are known (before init_process_group) they wait as SpanData in ``pending``.
@@ -47,6 +47,8 @@ class Pipeline:
         self.base_labels: dict[str, str] = {}
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
         self.framework = FrameworkMetrics()
+        # step index -> [in-flight intervals (ns), collectives, bytes] until steps.py closes the step
+        self.step_stats: dict[int, list] = {}
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
@@ -57,6 +59,7 @@ class Pipeline:
         self._threads: list[threading.Thread] = []
         self._last_metrics = time.monotonic()
         self._last_spans = time.monotonic()
+        self._urgent = False
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
@@ -126,16 +129,6 @@ class Pipeline:
         count = 0
         with self._drain_lock:
             self.offset_ns = time_ns() - perf_counter_ns()
-            deferred = record.DEFERRED
-            while deferred:
-                try:
-                    fn, args = deferred.popleft()
-                except IndexError:
-                    break
-                try:
-                    fn(self, *args)
-                except Exception as exc:
-                    health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
             while q:
                 try:
                     rec = q.popleft()
@@ -146,6 +139,17 @@ class Pipeline:
                 except Exception as exc:
                     health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
                 count += 1
+            # After the records: a step's close (deferred) must see the records of that step.
+            deferred = record.DEFERRED
+            while deferred:
+                try:
+                    fn, args = deferred.popleft()
+                except IndexError:
+                    break
+                try:
+                    fn(self, *args)
+                except Exception as exc:
+                    health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
         self.processed += count
         if self.queued_spans() >= self.cfg.span_batch_size:
             self._wake.set()
@@ -166,6 +170,19 @@ class Pipeline:
             else:
                 health.dropped("span")
         self.store.observe(rec[R.OP], gi.label, seconds, nbytes, bus, rec[R.ERROR] is not None, exemplar)
+        seq = rec[R.SEQ]
+        if seq is not None and rec[R.END] != n.END_UNFINISHED and seq > gi.last_completed:
+            gi.last_completed = seq
+        step = rec[R.STEPCTX]
+        if step is not None:
+            stats = self.step_stats.get(step[0])
+            if stats is None:
+                if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
+                    del self.step_stats[next(iter(self.step_stats))]
+                stats = self.step_stats[step[0]] = [[], 0, 0]
+            stats[0].append((rec[R.T_START], rec[R.T_END]))
+            stats[1] += 1
+            stats[2] += nbytes
 
     def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:
         return self.parent_of(rec[R.PARENT], rec[R.CTX], rec[R.STEPCTX])
@@ -194,6 +211,11 @@ class Pipeline:
             return step[3]
         return self.sampler.decide(trace_id, None)
 
+    def export_soon(self) -> None:
+        """Send spans and metrics now rather than at their intervals (a hang was found)."""
+        self._urgent = True
+        self._wake.set()
+
     def add_span(self, span: SpanData) -> None:
         """Queue a span built on the drain thread (deferred work), within the span queue's bound."""
         if self.queued_spans() < self.cfg.span_queue_size:
@@ -210,12 +232,13 @@ class Pipeline:
             if self._stop.is_set() or self.resource is None:
                 continue
             now = time.monotonic()
+            urgent, self._urgent = self._urgent, False
             try:
                 queued = self.queued_spans()
-                if queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
+                if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
                     self._last_spans = now
                     self.export_spans(now + cfg.timeout * 2)
-                if now - self._last_metrics >= cfg.metric_export_interval:
+                if urgent or now - self._last_metrics >= cfg.metric_export_interval:
                     self._last_metrics = now
                     self.export_metrics(cfg.timeout)
             except Exception as exc:

@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from . import health
+from . import health, logs, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
@@ -43,6 +43,7 @@ def _framework_captures():
         ("functional collectives", funcol),
         ("DTensor", dtensor),
         ("distributed checkpoint", checkpoint),
+        ("steps", steps),
     )
 
 
@@ -97,12 +98,16 @@ class Runtime:
         self.prometheus: PrometheusEndpoint | None = None
         self.destinations: list[str] = []
         self.components: list[Component] = []
+        self.steps = steps.StepTracker(cfg)
+        self.exchange: stragglers.Exchange | None = None
+        self.watchdog: watchdog.Watchdog | None = None
         self._lock = threading.RLock()
         self._closed = False
         self._started_at = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ start
     def start(self) -> None:
+        logs.configure(self.cfg.log_level)
         record.set_limit(self.cfg.max_queued_records)
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
@@ -116,6 +121,8 @@ class Runtime:
             optim.install()
         except Exception as exc:
             health.error("capture", "the optimizer capture could not be installed", exc)
+        steps.TRACKER[0] = self.steps
+        optim._listeners.append(self.steps.on_optimizer_step)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -168,7 +175,32 @@ class Runtime:
                 self.pipeline.metric_sources.append(comp.metric_data)
             except Exception as exc:
                 health.error("component", f"{comp.name} could not start", exc)
+        logs.set_rank(ident.rank)
+        self._start_steps(ident)
         self._announce(ident)
+
+    def _start_steps(self, ident: Identity) -> None:
+        cfg = self.cfg
+        every = cfg.straggler_exchange_steps
+        if every and ident.distributed and 1 < ident.world_size <= stragglers.MAX_WORLD:
+            self.exchange = stragglers.Exchange(self.pipeline, ident.run_id, ident.rank, ident.world_size, every)
+            self.steps.exchange = self.exchange
+            self.exchange.start()
+        self.steps.attach(self.pipeline, ident.run_id, ident.rank, ident.world_size)
+        self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
+        self.pipeline.metric_sources.append(self.watchdog.metric_data)
+        self.watchdog.start()
+
+    def _wrapper_codes(self) -> set:
+        """Code objects of our wrappers that hold a record in a local named ``rec`` (for the watchdog)."""
+        package = os.path.dirname(os.path.abspath(__file__))
+        codes = set()
+        for _, _, _, replacement in self.patcher.applied:
+            for fn in (replacement, getattr(replacement, "__wrapped__", None)):
+                code = getattr(fn, "__code__", None)
+                if code is not None and "rec" in code.co_varnames and code.co_filename.startswith(package):
+                    codes.add(code)
+        return codes
 
     def _make_components(self) -> list[Component]:
         _load_builtin_components()
@@ -248,6 +280,14 @@ class Runtime:
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:
                 hooks.remove(fn)
+        for fn in (self.steps.on_optimizer_step,):
+            if fn in optim._listeners:
+                optim._listeners.remove(fn)
+        self.steps.close()
+        steps.TRACKER[0] = None
+        for part in (self.watchdog, self.exchange):
+            if part is not None:
+                part.stop()
         completion.flush_unfinished()
         nccl.flush_pending()
         if self.identity is None:

@@ -32,6 +32,7 @@ def instrumented(tmp_path):
             metrics_exporter=("file",),
             traces_exporter="file",
             summary="none",
+        trace_every_steps=1,  # these tests read every span back
         )
         opts.update(options)
         otel_torchdist.instrument(**opts)

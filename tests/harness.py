@@ -97,6 +97,11 @@ def read_spans(path: str) -> list[dict[str, Any]]:
     return spans
 
 
+def collective_spans(spans: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Only the collectives' spans (not steps, optimizer steps, sharding...)."""
+    return [s for s in spans if "torchdist.collective.op" in s["attributes"]]
+
+
 def read_metric_lines(path: str) -> list[dict[str, Any]]:
     with open(path) as f:
         return [json.loads(line) for line in f]

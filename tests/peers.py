@@ -199,6 +199,8 @@ class OtelTap:
             asyncio.run_coroutine_threadsafe(down(), self._loop).result(10)
         finally:
             self._loop.call_soon_threadsafe(self._loop.stop)
+            self._thread.join(10)
+            self._loop.close()
 
 
 # ------------------------------------------------------------------------------------------- Prometheus

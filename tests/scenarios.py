@@ -29,6 +29,7 @@ def _instrument(out: str, rank: int, **extra: Any) -> None:
         traces_exporter="file",
         metrics_exporter=("file",),
         summary="none",
+        trace_every_steps=1,  # these tests read every span back
         drain_interval=0.05,
     )
     options.update(extra)
@@ -257,6 +258,7 @@ def export_otlp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         service_name="otlp-test",
         metrics_exporter=("otlp",),
         summary="none",
+        trace_every_steps=1,  # these tests read every span back
         drain_interval=0.05,
     )
     dist.init_process_group("gloo", rank=rank, world_size=ws)
@@ -289,6 +291,7 @@ def serve_metrics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         prometheus_port=args["base_port"],
         span_schedule_delay=0.2,
         summary="none",
+        trace_every_steps=1,  # these tests read every span back
         drain_interval=0.05,
     )
     dist.init_process_group("gloo", rank=rank, world_size=ws)
@@ -325,7 +328,7 @@ def agreed_run_id(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     import otel_torchdist
     from otel_torchdist import runtime
 
-    otel_torchdist.instrument(run_dir=os.path.join(out, "runs"), traces_exporter="file", metrics_exporter=("file",), summary="none")
+    otel_torchdist.instrument(run_dir=os.path.join(out, "runs"), traces_exporter="file", metrics_exporter=("file",), summary="none", trace_every_steps=1)
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     seq_before = dist.group.WORLD._get_sequence_number_for_group()
     ident = runtime.current().identity

@@ -25,6 +25,7 @@ def _instrument(out: str, run_id: str, **extra: Any) -> None:
         traces_exporter="file",
         metrics_exporter=("file",),
         summary="none",
+        trace_every_steps=1,  # these tests read every span back
         drain_interval=0.05,
         system_metrics=False,
         **extra,

@@ -116,3 +116,10 @@ def test_metrics_exporter_list_and_none():
     assert cfg.resolved_metrics_exporters() == ("prometheus",)
     cfg = config.load({"metrics_exporter": "none"}, environ={})
     assert cfg.resolved_metrics_exporters() == ()
+
+
+def test_log_level_variable_any_case():
+    assert config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "info"}).log_level == "INFO"
+    assert config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "DEBUG"}).log_level == "DEBUG"
+    with pytest.raises(ValueError, match="OTEL_TORCHDIST_LOG_LEVEL"):
+        config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "loud"})

@@ -14,7 +14,7 @@ from otel_torchdist import TorchDistributedInstrumentor
 from otel_torchdist.capture import c10d
 from otel_torchdist.patching import _MISSING, _own_attribute
 
-from .harness import read_spans
+from .harness import collective_spans, read_spans
 
 
 def _snapshot():
@@ -48,7 +48,7 @@ def test_instrument_twice_is_harmless(fake_pg, instrumented, caplog):
     dist.all_reduce(torch.ones(2))
     otel_torchdist.uninstrument()
     otel_torchdist.uninstrument()  # and twice the other way: only a warning
-    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    spans = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
     assert [s["name"] for s in spans] == ["all_reduce"]
 
 
@@ -106,7 +106,7 @@ def test_result_and_exception_pass_through(fake_pg, instrumented):
     with pytest.raises(TypeError):
         dist.all_reduce("not a tensor")
     otel_torchdist.uninstrument()
-    names = [s["name"] for s in read_spans(os.path.join(folder, "traces.rank0.jsonl"))]
+    names = [s["name"] for s in collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))]
     assert sorted(names) == ["all_gather_object", "all_reduce", "all_reduce", "all_reduce"]
 
 

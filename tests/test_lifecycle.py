@@ -10,7 +10,7 @@ import time
 
 from otel_torchdist import names as n
 
-from .harness import REPO, read_spans, run_ranks
+from .harness import REPO, collective_spans, read_spans, run_ranks
 
 
 def test_instrument_after_init_and_flush_at_exit(tmp_path):
@@ -18,7 +18,7 @@ def test_instrument_after_init_and_flush_at_exit(tmp_path):
     run_ranks("instrument_after_init_no_uninstrument", 2, out)
     folder = os.path.join(out, "runs", "late")
     for rank in range(2):
-        spans = read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl"))
+        spans = collective_spans(read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl")))
         assert sorted(s["name"] for s in spans) == ["all_reduce"] * 5 + ["broadcast"]
         assert spans[0]["resource"][n.RANK] == rank
         # The summary is written only when the runtime closes: here, by the exit finalizer of a spawned child.
@@ -48,7 +48,7 @@ def test_plain_script_flushes_at_exit_quickly(tmp_path):
     )
     elapsed = time.monotonic() - start
     assert proc.returncode == 0, proc.stderr
-    spans = read_spans(os.path.join(str(tmp_path), "atexit", "traces.rank0.jsonl"))
+    spans = collective_spans(read_spans(os.path.join(str(tmp_path), "atexit", "traces.rank0.jsonl")))
     assert len(spans) == 100
     # The summary is printed on rank 0 at exit, with the table and where the telemetry went.
     assert "otel-torchdist summary: run atexit, rank 0 of 8 (fake)" in proc.stderr

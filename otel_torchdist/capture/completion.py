@@ -25,6 +25,7 @@ MAX_PENDING_WAITS = 4096
 
 _pending_waits: dict[Any, _Join] = {}
 _pending_lock = threading.Lock()
+_inflight: dict[int, _Join] = {}  # joins completed by a future, for the hang watchdog to see
 
 
 class _Join:
@@ -41,6 +42,7 @@ class _Join:
     def done(self, source: str, error: BaseException | None = None) -> None:
         t_end = perf_counter_ns()
         rec = self.rec
+        _inflight.pop(id(self), None)
         if error is not None and rec[R.ERROR] is None:
             rec[R.ERROR] = R.error_info(error)
         if self.lock is None:
@@ -62,6 +64,7 @@ def track(rec: list, works: list[Any]) -> None:
         R.complete(rec, n.END_RETURN)
         return
     join = _Join(rec, len(works))
+    _inflight[id(join)] = join
     for work in works:
         try:
             fut = work.get_future()
@@ -114,6 +117,13 @@ def flush_unfinished() -> None:
         _pending_waits.clear()
     for join in joins:
         join.done(n.END_UNFINISHED)
+
+
+def in_flight() -> list[_Join]:
+    """Joins not yet done (future-tracked and awaiting wait()), for the hang watchdog."""
+    with _pending_lock:
+        waiting = list(_pending_waits.values())
+    return list(_inflight.values()) + waiting
 
 
 def pending_count() -> int:

@@ -38,6 +38,7 @@ class GroupInfo:
         "pending",
         "lock",
         "span_attrs",
+        "last_completed",
     )
 
     def __init__(self, pg: Any) -> None:
@@ -61,6 +62,7 @@ class GroupInfo:
         self.pending: dict[int, Any] = {}  # seq -> Record, for completion hooks joined on sequence number
         self.lock = threading.Lock()
         self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans
+        self.last_completed = 0  # highest sequence number seen complete (the drain thread updates it)
 
     def next_seq(self) -> int | None:
         """The sequence number of the collective just issued on this group."""
@@ -70,6 +72,15 @@ class GroupInfo:
             except Exception:
                 self.seq_supported = False
         return next(self.own_seq)
+
+    def last_started(self) -> int:
+        """Sequence number of the last collective issued on this group (0: none)."""
+        if self.seq_supported and self.pg is not None:
+            try:
+                return int(self.pg._get_sequence_number_for_group())
+            except Exception:
+                pass
+        return int(repr(self.own_seq)[len("count(") : -1]) - 1  # itertools.count shows its next value
 
     def global_rank(self, group_rank: int | None) -> int | None:
         if group_rank is None:

@@ -1,0 +1,324 @@
+"""Training steps: one trace per step across all ranks, and each rank's step time split into compute and
+time in collectives.
+
+**Steps.** By default an optimizer step closes a training step (the next begins right after it; the
+first begins when the rank's identity is known, so it includes set-up). ``with otel_torchdist.step():``
+(or ``step_begin()`` / ``step_end()``) marks steps explicitly, for loops without an optimizer; once a
+program does, optimizer steps stop closing steps.
+
+**One trace per step.** Every rank derives step N's trace id, and the id of its root span, from the run
+id and N (SHA-256), so all ranks' spans of step N land in one trace without any communication: rank 0
+emits the root ``train.step``, every rank a ``train.rank_step`` under it holding that rank's collectives,
+optimizer step and phases. Sampling is decided from the step alone, the same way on every rank: the
+configured ``OTEL_TRACES_SAMPLER`` applied to the trace id, or by default the first
+``trace_first_steps`` steps and every ``trace_every_steps``-th. Metrics are never sampled.
+
+**Compute and collective time.** The background thread collects, per step, the intervals its collectives
+were in flight on this rank (issue to completion). Their union is the step's *collective wait*; the rest
+is *compute*. Under DDP the all-reduce evens out step times across ranks, so the slow rank is the one
+whose collectives wait least for the others: its compute is the largest (``stragglers.py`` compares
+ranks).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import statistics
+import threading
+from collections import deque
+from time import perf_counter_ns
+from typing import Any
+
+from . import health
+from . import names as n
+from .capture import record as R
+from .otlp import SpanData
+from .patching import Patch
+
+_log = logging.getLogger("otel_torchdist")
+
+
+def step_ids(run_id: str, index: int, rank: int) -> tuple[int, int, int]:
+    """(trace id, root span id, this rank's step span id) of step ``index``: the same on every rank."""
+    h = hashlib.sha256(f"{run_id}:step:{index}".encode()).digest()
+    rank_span = hashlib.sha256(f"{run_id}:step:{index}:rank:{rank}".encode()).digest()
+    return (
+        int.from_bytes(h[:16], "big") or 1,
+        int.from_bytes(h[16:24], "big") or 1,
+        int.from_bytes(rank_span[:8], "big") or 1,
+    )
+
+
+def union_seconds(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
+    """Length of the union of ``intervals`` (ns) clipped to ``[lo, hi]``, in seconds."""
+    total = 0
+    end = lo
+    for a, b in sorted(intervals):
+        a, b = max(a, end), min(b, hi)
+        if b > a:
+            total += b - a
+            end = b
+    return total / 1e9
+
+
+class StepTracker:
+    def __init__(self, cfg: Any) -> None:
+        self.cfg = cfg
+        self.run_id: str | None = None
+        self.rank = 0
+        self.world = 1
+        self.explicit = False
+        self.index = 0
+        self.open = False
+        self.t_start = 0
+        self.source = "optimizer"
+        self.user: dict[str, float] = {}
+        self.total: int | None = None
+        self.backward: list[tuple[int, int]] = []
+        self.deep: Any = None
+        self.pipeline: Any = None
+        self.exchange: Any = None
+        self._lock = threading.RLock()
+        self._recent: deque[float] = deque(maxlen=101)
+        self._last_slow_warning = -10**9
+
+    # -------------------------------------------------------------------------------- lifecycle
+    def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
+        with self._lock:
+            self.pipeline = pipeline
+            self.run_id, self.rank, self.world = run_id, rank, world
+            if not self.explicit and not self.open:
+                self.begin(source="optimizer")
+
+    def close(self) -> None:
+        with self._lock:
+            if self.open:
+                self.end(final=True)
+
+    def sampled(self, index: int, trace_id: int) -> bool:
+        if self.cfg.traces_sampler is not None and self.pipeline is not None:
+            return self.pipeline.sampler.root(trace_id)
+        every = self.cfg.trace_every_steps
+        return index <= self.cfg.trace_first_steps or (every > 0 and index % every == 0)
+
+    def begin(self, index: int | None = None, source: str = "explicit", t_start: int | None = None) -> int:
+        with self._lock:
+            if self.open:
+                # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
+                self.end(final=source == "explicit" and self.source == "optimizer")
+            self.index = self.index + 1 if index is None else int(index)
+            self.source = source
+            self.t_start = perf_counter_ns() if t_start is None else t_start
+            self.user = {}
+            self.backward = []
+            self.open = True
+            if self.run_id is None:
+                R.STEP[0] = None  # identity not known yet: no shared trace possible
+                return self.index
+            trace, root, rank_span = step_ids(self.run_id, self.index, self.rank)
+            R.STEP[0] = (self.index, trace, rank_span, self.sampled(self.index, trace), root)
+            return self.index
+
+    def end(self, t_end: int | None = None, final: bool = False) -> None:
+        """Close the open step. ``final``: an optimizer-closed step that ends without its optimizer step
+        (at exit, or when explicit steps take over) is traced but not counted as a step."""
+        with self._lock:
+            if not self.open:
+                return
+            t_end = perf_counter_ns() if t_end is None else t_end
+            ctx = R.STEP[0]
+            R.STEP[0] = None
+            self.open = False
+            if ctx is None or self.pipeline is None:
+                return
+            info = {
+                "index": ctx[0],
+                "trace": ctx[1],
+                "rank_span": ctx[2],
+                "sampled": ctx[3],
+                "root": ctx[4],
+                "t_start": self.t_start,
+                "t_end": t_end,
+                "source": self.source,
+                "user": dict(self.user),
+                "backward": list(self.backward),
+                "final": final,
+            }
+            R.defer(_close_step, self, info)
+
+    def on_optimizer_step(self, optimizer: Any, t_start: int, t_end: int) -> None:
+        """An optimizer step ended: it closes the current training step (unless steps are explicit)."""
+        if self.explicit or R.in_backward():  # optimizer-in-backward steps each parameter, not the loop
+            return
+        with self._lock:
+            if self.open:
+                self.end(t_end)
+            self.begin(source="optimizer", t_start=t_end)
+
+    def record(self, **values: float | None) -> None:
+        with self._lock:
+            for key, value in values.items():
+                if value is None:
+                    continue
+                value = float(value)
+                if key in ("samples", "tokens"):
+                    self.user[key] = self.user.get(key, 0.0) + value
+                else:
+                    self.user[key] = value
+
+    def note_backward(self, t_start: int, t_end: int) -> None:
+        if self.open:
+            self.backward.append((t_start, t_end))
+
+
+# ---------------------------------------------------------------------------------- background part
+def _close_step(pipeline: Any, tracker: StepTracker, info: dict) -> None:
+    index = info["index"]
+    t0, t1 = info["t_start"], info["t_end"]
+    stats = pipeline.step_stats.pop(index, None) or ([], 0, 0)
+    intervals, count, nbytes = stats
+    duration = max(t1 - t0, 0) / 1e9
+    wait = union_seconds(intervals, t0, t1)
+    compute = max(duration - wait, 0.0)
+    # The tail after the last optimizer step is no training step: traced for its collectives, not counted.
+    if info["final"] and info["source"] == "optimizer":
+        if info["sampled"] and count:
+            _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
+        return
+    fw = pipeline.framework
+    fw.observe(n.STEP_DURATION_METRIC, (), duration)
+    fw.add(n.STEPS_METRIC, (), 1)
+    fw.add(n.STEP_COMPUTE_TIME, (), compute)
+    fw.add(n.STEP_COLLECTIVE_WAIT_TIME, (), wait)
+    fw.set(n.STEP_CURRENT, (), index)
+    user = info["user"]
+    if "loss" in user:
+        fw.set(n.TRAIN_LOSS, (), user["loss"])
+    if "learning_rate" in user:
+        fw.set(n.TRAIN_LR, (), user["learning_rate"])
+    if "samples" in user:
+        fw.add(n.TRAIN_SAMPLES, (), user["samples"])
+        if duration > 0:
+            fw.set(n.TRAIN_SAMPLE_RATE, (), user["samples"] / duration)
+    if "tokens" in user:
+        fw.add(n.TRAIN_TOKENS, (), user["tokens"])
+        if duration > 0:
+            fw.set(n.TRAIN_TOKEN_RATE, (), user["tokens"] / duration)
+    recent = tracker._recent
+    median = statistics.median(recent) if recent else None
+    recent.append(duration)
+    if tracker.total is not None and recent:
+        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * statistics.median(recent))
+    if tracker.exchange is not None:
+        tracker.exchange.add_step(index, duration, compute, wait)
+    _maybe_warn_slow(pipeline, tracker, index, duration, median, info)
+    if info["sampled"]:
+        _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
+
+
+def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes) -> None:
+    index, t0, t1, user = info["index"], info["t_start"], info["t_end"], info["user"]
+    off = pipeline.offset_ns
+    attrs: list[tuple[str, Any]] = [
+        (n.STEP, index),
+        (n.STEP_SOURCE, info["source"]),
+        (n.STEP_DURATION, duration),
+        (n.STEP_COMPUTE, compute),
+        (n.STEP_COLLECTIVE_WAIT, wait),
+        (n.STEP_COLLECTIVES, count),
+        (n.STEP_BYTES, nbytes),
+    ]
+    for key, attr in (
+        ("loss", n.STEP_LOSS),
+        ("learning_rate", n.STEP_LR),
+        ("samples", n.STEP_SAMPLES),
+        ("tokens", n.STEP_TOKENS),
+    ):
+        if key in user:
+            attrs.append((attr, user[key]))
+    trace, root, rank_span = info["trace"], info["root"], info["rank_span"]
+    pipeline.add_span(SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs))
+    if tracker.rank == 0:
+        pipeline.add_span(
+            SpanData(
+                n.SPAN_STEP,
+                trace,
+                root,
+                None,
+                t0 + off,
+                t1 + off,
+                [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)],
+            )
+        )
+    from .spans import new_span_id
+
+    backward = info["backward"]
+    if backward:
+        first = min(a for a, _ in backward)
+        if first > t0:
+            pipeline.add_span(
+                SpanData(n.SPAN_PHASE, trace, new_span_id(), rank_span, t0 + off, first + off, [(n.PHASE_NAME, "forward")])
+            )
+        for a, b in backward:
+            pipeline.add_span(
+                SpanData(n.SPAN_PHASE, trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
+            )
+
+
+def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: float, median, info: dict) -> None:
+    factor = tracker.cfg.slow_step_factor
+    if not factor or median is None or len(tracker._recent) < 6 or duration <= factor * median:
+        return
+    if index - tracker._last_slow_warning < 100:
+        return  # one warning per hundred steps at most
+    tracker._last_slow_warning = index
+    message = f"step {index} took {duration:.3f} s, {duration / median:.1f}x the median of recent steps ({median:.3f} s)"
+    _log.warning("%s", message)
+    from .spans import new_span_id, new_trace_id
+
+    off = pipeline.offset_ns
+    t = info["t_end"] + off
+    trace = info["trace"] if info["sampled"] else new_trace_id()
+    parent = info["rank_span"] if info["sampled"] else None
+    span = SpanData(
+        n.SPAN_WARNING,
+        trace,
+        new_span_id(),
+        parent,
+        t,
+        t,
+        [(n.WARNING_KIND, "slow_step"), (n.WARNING_MESSAGE, message), (n.STEP, index)],
+    )
+    span.events.append((n.WARNING_EVENT, t, [(n.WARNING_KIND, "slow_step"), (n.WARNING_MESSAGE, message)]))
+    pipeline.add_span(span)
+
+
+# ------------------------------------------------------------------------------------------- backward
+TRACKER: list[StepTracker | None] = [None]
+
+
+def _wrap_backward(orig):
+    def backward(*args, **kwargs):
+        tracker = TRACKER[0]
+        if tracker is None or not tracker.open:
+            return orig(*args, **kwargs)
+        t0 = perf_counter_ns()
+        try:
+            return orig(*args, **kwargs)
+        finally:
+            try:
+                tracker.note_backward(t0, perf_counter_ns())
+            except Exception as exc:
+                health.error("steps", "could not time a backward pass", exc)
+
+    backward.__wrapped__ = orig
+    backward.__doc__ = orig.__doc__
+    backward.__name__ = orig.__name__
+    return backward
+
+
+def patches() -> list[Patch]:
+    import torch.autograd
+
+    return [Patch(torch.autograd, "backward", _wrap_backward)]

@@ -1,0 +1,135 @@
+"""Which rank is slow: a cheap, infrequent exchange of per-rank step times through the store.
+
+Every ``straggler_exchange_steps`` steps each rank publishes the compute and collective-wait time of its
+last window of steps under a key of the process group's TCPStore, through a client connection of its own
+on a background thread (never a collective, so the user's collectives are neither delayed nor
+reordered). Rank 0 waits for every rank's key (bounded), computes each rank's straggler score and the
+slowest rank, and publishes them; every rank reads the result and exports its own score and the slowest
+rank. A rank that does not answer in time only costs that window (nobody blocks: the training threads
+never touch this).
+
+Score of rank r over a window: (compute_r - min compute) / mean step time, clipped at 0. Under DDP, and in
+any loop synchronised by collectives, everyone's step takes as long as the slowest rank's; the slow rank
+computes longest and waits least, so its score is the highest and the others' are near 0.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import queue
+import threading
+from typing import Any
+
+from . import health
+from . import names as n
+
+_log = logging.getLogger("otel_torchdist")
+MAX_WORLD = 1024
+TIMEOUT = datetime.timedelta(seconds=30)
+
+
+def scores(windows: dict[int, dict[str, float]]) -> tuple[dict[int, float], int]:
+    """Straggler score of every rank, and the slowest rank, from each rank's window totals."""
+    computes = {r: w["compute"] for r, w in windows.items()}
+    mean_step = sum(w["duration"] / max(w["steps"], 1) for w in windows.values()) / len(windows)
+    low = min(computes.values())
+    per_step = {r: (c - low) / max(windows[r]["steps"], 1) for r, c in computes.items()}
+    result = {r: max(v / mean_step, 0.0) if mean_step > 0 else 0.0 for r, v in per_step.items()}
+    slowest = max(computes, key=lambda r: (computes[r], -r))
+    return result, slowest
+
+
+class Exchange:
+    def __init__(self, pipeline: Any, run_id: str, rank: int, world: int, every: int) -> None:
+        self.pipeline = pipeline
+        self.run_id = run_id
+        self.rank = rank
+        self.world = world
+        self.every = every
+        self.window = {"steps": 0, "duration": 0.0, "compute": 0.0, "wait": 0.0}
+        self._queue: queue.Queue = queue.Queue(maxsize=4)
+        self._client: Any = None
+        self.completed = 0  # windows exchanged
+        self._thread = threading.Thread(target=self._run, name="otel-torchdist-stragglers", daemon=True)
+        pipeline.framework.set(n.STRAGGLER_SCORE, (), 0.0)
+        pipeline.framework.set(n.STRAGGLER_SLOWEST, (), -1)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        try:
+            self._queue.put_nowait(None)
+        except queue.Full:
+            pass
+        self._thread.join(timeout=1.0)
+
+    def add_step(self, index: int, duration: float, compute: float, wait: float) -> None:
+        """Called by the drain thread when a step closes."""
+        w = self.window
+        w["steps"] += 1
+        w["duration"] += duration
+        w["compute"] += compute
+        w["wait"] += wait
+        if index % self.every == 0:
+            self.window = {"steps": 0, "duration": 0.0, "compute": 0.0, "wait": 0.0}
+            try:
+                self._queue.put_nowait((index // self.every, w))
+            except queue.Full:
+                health.dropped("straggler_window")
+
+    # ----------------------------------------------------------------------------------- thread
+    def _key(self, window: int, what: str) -> str:
+        return f"otel_torchdist/{self.run_id}/stragglers/{window}/{what}"
+
+    def _connect(self) -> Any:
+        import torch.distributed as dist
+        from torch.distributed import distributed_c10d as c10d
+
+        store = c10d._get_default_store()
+        while hasattr(store, "underlying_store"):
+            store = store.underlying_store
+        if not isinstance(store, dist.TCPStore):
+            raise RuntimeError(f"the process group's store is a {type(store).__name__}, not a TCPStore")
+        return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
+
+    def _run(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            try:
+                if self._client is None:
+                    self._client = self._connect()
+                self._exchange(*item)
+            except Exception as exc:
+                health.error("stragglers", "the straggler exchange failed; scores are not updated", exc)
+                if self._client is None:
+                    return  # no store to talk to: give up for this run
+
+    def _exchange(self, window: int, totals: dict[str, float]) -> None:
+        client = self._client
+        client.set(self._key(window, f"rank{self.rank}"), json.dumps(totals))
+        result_key = self._key(window, "result")
+        if self.rank == 0:
+            keys = [self._key(window, f"rank{r}") for r in range(self.world)]
+            client.wait(keys, TIMEOUT)
+            values = client.multi_get(keys)
+            windows = {r: json.loads(v) for r, v in enumerate(values)}
+            per_rank, slowest = scores(windows)
+            client.set(result_key, json.dumps({"scores": per_rank, "slowest": slowest}))
+            for key in keys:
+                client.delete_key(key)
+            if window >= 2:
+                client.delete_key(self._key(window - 2, "result"))
+        client.wait([result_key], TIMEOUT)
+        result = json.loads(client.get(result_key))
+        fw = self.pipeline.framework
+        fw.set(n.STRAGGLER_SCORE, (), float(result["scores"][str(self.rank)]))
+        fw.set(n.STRAGGLER_SLOWEST, (), int(result["slowest"]))
+        self.completed += 1
+        if self.rank == 0 and result["scores"][str(result["slowest"])] > 0.2:
+            _log.info("straggler: rank %s (score %.2f) over steps of window %d", result["slowest"],
+                      result["scores"][str(result["slowest"])], window)  # fmt: skip

@@ -1,0 +1,155 @@
+"""Hang watchdog: name the collective that has been in flight too long, while the process is alive.
+
+A daemon thread looks every ``threshold / 4`` (between 0.25 and 10 s) at what is in flight:
+
+* blocking calls: it scans ``sys._current_frames()`` for the frames of otel-torchdist's own wrappers and
+  reads the record the wrapper holds (so the hot path pays nothing for this);
+* async work: the registries completion tracking already keeps (futures, Works awaiting ``wait()``,
+  functional collectives awaiting ``wait_tensor``, NCCL records awaiting the completion hook).
+
+A collective older than the threshold is reported once: a ``collective.hang`` span (from its issue to
+now, with op, group, sequence number and time waited, and a ``collective.hang`` event), a log line and
+``torchdist.collective.hangs``; the export thread is woken so it leaves the process at once. Every rank
+also exports, per group, the last sequence number it started and the last it saw complete
+(``torchdist.group.last_started_seq`` / ``last_completed_seq``) and the age of the oldest collective in
+flight: the rank that never arrived is the one whose started sequence number is behind the others'.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+from time import perf_counter_ns
+from typing import Any
+
+from . import health
+from . import names as n
+from .capture import completion, funcol, groups
+from .capture import record as R
+from .otlp import MetricData, NumberPoint, SpanData
+from .spans import new_span_id, new_trace_id
+
+_log = logging.getLogger("otel_torchdist")
+
+
+def default_threshold() -> float:
+    """Half the default process group's timeout, at most 300 s (gloo's default is 30 min, NCCL's 10)."""
+    try:
+        import torch
+        from torch.distributed import distributed_c10d as c10d
+
+        pg = c10d._world.default_pg
+        device = next(iter(pg._device_types), torch.device("cpu"))
+        timeout = pg._get_backend(device).options._timeout
+        return max(min(300.0, timeout.total_seconds() / 2), 1.0)
+    except Exception:
+        return 300.0
+
+
+class Watchdog:
+    def __init__(self, rt: Any, threshold: float | None, wrapper_codes: set) -> None:
+        self.rt = rt
+        self.threshold = threshold if threshold is not None else default_threshold()
+        self.interval = min(max(self.threshold / 4, 0.25), 10.0)
+        self.codes = wrapper_codes
+        self._reported: set[int] = set()
+        self._ages: dict[str, float] = {}
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="otel-torchdist-watchdog", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        self._thread.join(timeout=2.0)
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.check()
+            except Exception as exc:
+                health.error("watchdog", "the hang watchdog hit an error", exc)
+
+    # --------------------------------------------------------------------------------------- check
+    def in_flight(self) -> list[list | tuple]:
+        records: list = []
+        for frame in sys._current_frames().values():
+            while frame is not None:
+                if frame.f_code in self.codes:
+                    rec = frame.f_locals.get("rec")
+                    if isinstance(rec, list) and rec[R.T_START]:
+                        records.append(rec)
+                    break  # the outermost wrapper on this thread is enough
+                frame = frame.f_back
+        records += [join.rec for join in completion.in_flight()]
+        with funcol._pending_lock:
+            records += [join.rec for _, join in funcol._pending.values()]
+        for gi in groups.all_groups():
+            with gi.lock:
+                records += list(gi.pending.values())
+        return records
+
+    def check(self) -> None:
+        now = perf_counter_ns()
+        ages: dict[str, float] = {}
+        seen: set[int] = set()
+        for rec in self.in_flight():
+            if id(rec) in seen:
+                continue
+            seen.add(id(rec))
+            gi = groups.BY_ID[rec[R.GROUP]]
+            age = (now - rec[R.T_START]) / 1e9
+            ages[gi.label] = max(ages.get(gi.label, 0.0), age)
+            if age > self.threshold and id(rec) not in self._reported:
+                self._reported.add(id(rec))
+                self._report(rec, gi, age, now)
+        self._ages = ages
+        if len(self._reported) > 10000:
+            self._reported = {r for r in self._reported if r in seen}
+
+    def _report(self, rec: list, gi: groups.GroupInfo, age: float, now: int) -> None:
+        seq = rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
+        message = (
+            f"collective {rec[R.OP]} on group {gi.label} (sequence number {seq}) has been in flight for "
+            f"{age:.1f} s (threshold {self.threshold:.1f} s); last completed on this group: {gi.last_completed}"
+        )
+        _log.warning("%s", message)
+        pipeline = self.rt.pipeline
+        pipeline.framework.add(n.COLLECTIVE_HANGS, (rec[R.OP], gi.label), 1)
+        step = rec[R.STEPCTX]
+        trace = step[1] if step is not None else new_trace_id()
+        parent = step[2] if step is not None else None
+        off = pipeline.offset_ns
+        attrs = [
+            (n.COLL_OP, rec[R.OP]),
+            (n.COLL_GROUP_NAME, gi.name),
+            (n.COLL_GROUP_DESC, gi.desc),
+            (n.COLL_GROUP_SIZE, gi.size),
+            (n.COLL_GROUP_RANK, gi.rank),
+            (n.COLL_SEQ, seq),
+            (n.HANG_WAITED, age),
+            (n.HANG_THRESHOLD, self.threshold),
+            (n.WARNING_KIND, "hang"),
+            (n.WARNING_MESSAGE, message),
+        ]
+        span = SpanData(n.SPAN_HANG, trace, new_span_id(), parent, rec[R.T_START] + off, now + off, attrs)
+        span.events.append((n.HANG_EVENT, now + off, [(n.COLL_SEQ, seq), (n.HANG_WAITED, age)]))
+        pipeline.emit_span(span)
+        pipeline.export_soon()
+
+    # ------------------------------------------------------------------------------------- metrics
+    def metric_data(self) -> list[MetricData]:
+        base = {k: v for k, v in self.rt.pipeline.base_labels.items()}
+        started, completed, ages = [], [], []
+        for gi in groups.all_groups():
+            labels = {**base, n.M_GROUP: gi.label}
+            started.append(NumberPoint(labels, gi.last_started()))
+            completed.append(NumberPoint(labels, gi.last_completed))
+            ages.append(NumberPoint(labels, float(self._ages.get(gi.label, 0.0))))
+        return [
+            MetricData(n.GROUP_SEQ_STARTED, started),
+            MetricData(n.GROUP_SEQ_COMPLETED, completed),
+            MetricData(n.COLLECTIVE_INFLIGHT_AGE, ages),
+        ]

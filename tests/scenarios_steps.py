@@ -1,0 +1,147 @@
+"""Steps, stragglers and hangs inside real gloo ranks."""
+
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.nn as nn
+
+import otel_torchdist
+
+
+def _instrument(out: str, run_id: str, **extra: Any) -> None:
+    options = dict(
+        run_dir=os.path.join(out, "runs"),
+        run_id=run_id,
+        traces_exporter="file",
+        metrics_exporter=("file",),
+        summary="none",
+        drain_interval=0.05,
+        system_metrics=False,
+    )
+    options.update(extra)
+    otel_torchdist.instrument(**options)
+
+
+def _mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 4))
+
+
+def steps(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Five DDP steps with user values; steps 1, 2 and 4 are traced (first 2, then every 2nd)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"steps-ws{ws}", trace_first_steps=2, trace_every_steps=2, straggler_exchange_steps=0)
+    model = DDP(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.05)
+    otel_torchdist.set_total_steps(20)
+    fed = []
+    for i in range(1, 6):
+        x = torch.randn(32, 16)
+        loss = model(x).square().mean()
+        loss.backward()
+        value = round(1.0 / i, 6)
+        otel_torchdist.record_step(loss=value, learning_rate=0.05, samples=32, tokens=32 * 128)
+        fed.append(value)
+        opt.step()
+        opt.zero_grad()
+    # an evaluation loop without an optimizer, steps marked explicitly
+    with torch.no_grad():
+        for i in range(100, 103):
+            with otel_torchdist.step(i):
+                dist.all_reduce(torch.ones(8))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"fed_loss": fed}
+
+
+def _wait_for_windows(count: int, timeout: float = 60) -> int:
+    from otel_torchdist import runtime
+
+    exchange = runtime.current().exchange
+    deadline = time.monotonic() + timeout
+    while exchange.completed < count and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return exchange.completed
+
+
+def _gauges() -> dict:
+    from otel_torchdist import names as n
+    from otel_torchdist import runtime
+
+    fw = runtime.current().pipeline.framework
+    return {"slowest": fw.get(n.STRAGGLER_SLOWEST, ()), "score": fw.get(n.STRAGGLER_SCORE, ())}
+
+
+def stragglers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Phase 1: DDP, rank args.ddp_slow computes longer before backward. Phase 2: a plain loop, rank
+    args.plain_slow is late to an all_reduce. Ten steps each; the ranks swap times every ten steps."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"stragglers-ws{ws}", straggler_exchange_steps=10)
+    delay = args.get("delay", 0.05)
+    model = DDP(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(10):
+        out_ = model(torch.randn(8, 16))
+        if rank == args["ddp_slow"]:
+            time.sleep(delay)  # extra compute before backward: DDP's all-reduce makes everyone wait
+        out_.sum().backward()
+        opt.step()
+        opt.zero_grad()
+    done = _wait_for_windows(1)
+    phase1 = {**_gauges(), "windows": done}
+    plain = _mlp()
+    opt2 = torch.optim.SGD(plain.parameters(), lr=0.01)
+    for _ in range(10):
+        plain(torch.randn(8, 16)).sum().backward()
+        if rank == args["plain_slow"]:
+            time.sleep(delay)
+        for p in plain.parameters():
+            dist.all_reduce(p.grad)
+        opt2.step()
+        opt2.zero_grad()
+    done = _wait_for_windows(2)
+    phase2 = {**_gauges(), "windows": done}
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"ddp": phase1, "plain": phase2}
+
+
+def hang(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 skips an all_reduce; the others wait in it until gloo's timeout."""
+    dist.init_process_group("gloo", rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=args["timeout"]))
+    _instrument(
+        out,
+        f"hang-ws{ws}",
+        hang_threshold=args["threshold"],
+        metric_export_interval=0.5,
+        span_schedule_delay=0.5,
+        straggler_exchange_steps=0,
+    )
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4))
+    result: dict = {}
+    if rank == 0:
+        time.sleep(args["timeout"] + 2)  # skip it, and stay away until the others have given up
+    else:
+        t0 = time.monotonic()
+        try:
+            dist.all_reduce(torch.ones(4))
+        except RuntimeError as exc:
+            result["raised_after"] = time.monotonic() - t0
+            result["error"] = str(exc)[:200]
+        # What left this process while it was stuck: the traces file as it stood when the call gave up.
+        path = os.path.join(out, "runs", f"hang-ws{ws}", f"traces.rank{rank}.jsonl")
+        result["traces_while_stuck"] = open(path).read() if os.path.exists(path) else ""
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return result

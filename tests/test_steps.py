@@ -1,0 +1,178 @@
+"""One trace per step across ranks, step metrics, stragglers named, hangs reported while alive.
+
+Real gloo jobs (``tests/scenarios_steps.py``); each test reads what every rank exported.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import defaultdict
+
+import pytest
+
+from otel_torchdist import names as n
+from otel_torchdist.steps import step_ids, union_seconds
+
+from .harness import last_metrics, read_spans, run_ranks
+
+
+def _job(tmp_path_factory, scenario: str, ws: int, run: str, args: dict | None = None):
+    out = str(tmp_path_factory.mktemp(f"{scenario}{ws}"))
+    results = run_ranks(f"scenarios_steps:{scenario}", ws, out, args or {})
+    folder = os.path.join(out, "runs", run)
+    spans = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in range(ws)]
+    metrics = [last_metrics(os.path.join(folder, f"metrics.rank{r}.jsonl")) for r in range(ws)]
+    return {"ws": ws, "results": results, "spans": spans, "metrics": metrics}
+
+
+def _value(metrics: dict, metric: n.Metric, **labels) -> float:
+    (point,) = [p for p in metrics[metric.name] if all(p["attributes"].get(k) == v for k, v in labels.items())]
+    return float(point.get("asDouble", point.get("asInt", point.get("sum"))))
+
+
+# -------------------------------------------------------------------------------------- pure helpers
+def test_step_ids_are_shared_by_ranks_and_distinct_per_step():
+    a = step_ids("run-x", 7, 0)
+    b = step_ids("run-x", 7, 3)
+    assert a[:2] == b[:2] and a[2] != b[2]  # same trace and root, own step span
+    assert step_ids("run-x", 8, 0)[0] != a[0] and step_ids("run-y", 7, 0)[0] != a[0]
+
+
+def test_union_of_in_flight_intervals():
+    assert union_seconds([(0, 10), (5, 20), (30, 40)], 0, 100) == pytest.approx(30e-9)
+    assert union_seconds([(0, 10), (5, 20)], 8, 15) == pytest.approx(7e-9)  # clipped to the step
+    assert union_seconds([], 0, 10) == 0.0
+
+
+# --------------------------------------------------------------------------------------- step traces
+@pytest.fixture(scope="module", params=(2, 4), ids=lambda ws: f"ws{ws}")
+def steps_job(request, tmp_path_factory):
+    ws = request.param
+    return _job(tmp_path_factory, "steps", ws, f"steps-ws{ws}")
+
+
+def test_each_step_is_one_trace_across_ranks_with_one_root(steps_job):
+    ws = steps_job["ws"]
+    per_step = defaultdict(lambda: defaultdict(list))  # step -> trace -> spans
+    for rank in range(ws):
+        for s in steps_job["spans"][rank]:
+            if s["name"] in (n.SPAN_STEP, n.SPAN_RANK_STEP):
+                per_step[s["attributes"][n.STEP]][s["traceId"]].append((rank, s))
+    # trace_first_steps=2, trace_every_steps=2: steps 1, 2, 4 of training, 100 and 102 of evaluation
+    assert sorted(per_step) == [1, 2, 4, 100, 102]
+    for step, traces in per_step.items():
+        assert len(traces) == 1, f"step {step} is split over traces"
+        (spans,) = traces.values()
+        roots = [s for _, s in spans if s["name"] == n.SPAN_STEP]
+        assert len(roots) == 1 and [r for r, s in spans if s["name"] == n.SPAN_STEP] == [0]
+        ranks = sorted(r for r, s in spans if s["name"] == n.SPAN_RANK_STEP)
+        assert ranks == list(range(ws))
+        for _, s in spans:
+            if s["name"] == n.SPAN_RANK_STEP:
+                assert s["parentSpanId"] == roots[0]["spanId"]
+
+
+def test_rank_step_holds_its_collectives_optimizer_step_and_phases(steps_job):
+    for rank in range(steps_job["ws"]):
+        spans = steps_job["spans"][rank]
+        steps = {s["spanId"]: s for s in spans if s["name"] == n.SPAN_RANK_STEP}
+        by_step = defaultdict(list)
+        for s in spans:
+            if s.get("parentSpanId") in steps:
+                by_step[steps[s["parentSpanId"]]["attributes"][n.STEP]].append(s)
+        for step in (2, 4):
+            names = sorted(c["name"] for c in by_step[step])
+            # DDP's gradient bucket, the optimizer step, and the forward / backward phases
+            assert names == ["all_reduce", "optimizer.step", "train.phase", "train.phase"], (step, names)
+            phases = sorted(c["attributes"][n.PHASE_NAME] for c in by_step[step] if c["name"] == n.SPAN_PHASE)
+            assert phases == ["backward", "forward"]
+        # every span of a traced step shares the step's trace; untraced steps left nothing
+        traced = {s["traceId"] for s in steps.values()}
+        for s in spans:
+            if n.COLL_OP in s["attributes"] and s["attributes"].get(n.COLL_OP) != "_broadcast_coalesced":
+                assert s["traceId"] in traced
+
+
+def test_sampling_never_thins_the_metrics(steps_job):
+    for rank in range(steps_job["ws"]):
+        m = steps_job["metrics"][rank]
+        # 5 optimizer-closed steps + 3 explicit evaluation steps, every one counted
+        assert _value(m, n.STEPS_METRIC) == 8
+        assert int(m[n.STEP_DURATION_METRIC.name][0]["count"]) == 8
+        assert _value(m, n.STEP_CURRENT) == 102
+        calls = {p["attributes"]["op"]: int(p["asInt"]) for p in m[n.COLLECTIVE_CALLS.name]}
+        assert calls["all_reduce"] == 5 + 3  # DDP buckets of all five steps, traced or not, and the evals
+
+
+def test_step_metrics_match_what_was_fed(steps_job):
+    for rank in range(steps_job["ws"]):
+        m = steps_job["metrics"][rank]
+        fed = steps_job["results"][rank]["fed_loss"]
+        assert _value(m, n.TRAIN_LOSS) == pytest.approx(fed[-1])
+        assert _value(m, n.TRAIN_LR) == pytest.approx(0.05)
+        assert _value(m, n.TRAIN_SAMPLES) == 5 * 32
+        assert _value(m, n.TRAIN_TOKENS) == 5 * 32 * 128
+        # throughput of the last training step = its samples / its duration (the span says the duration)
+        last = [s for s in steps_job["spans"][rank] if s["name"] == n.SPAN_RANK_STEP and s["attributes"][n.STEP] == 4]
+        assert last[0]["attributes"][n.STEP_SAMPLES] == 32 and last[0]["attributes"][n.STEP_LOSS] == fed[3]
+        rate = _value(m, n.TRAIN_SAMPLE_RATE)
+        assert rate > 0 and _value(m, n.TRAIN_TOKEN_RATE) == pytest.approx(rate * 128)
+        # total 20 steps, and step 5 was the last counted training step
+        assert _value(m, n.TRAIN_ETA) == 0.0  # evaluation steps 100-102 are past the total
+        compute, wait = _value(m, n.STEP_COMPUTE_TIME), _value(m, n.STEP_COLLECTIVE_WAIT_TIME)
+        total = float(m[n.STEP_DURATION_METRIC.name][0]["sum"])
+        assert compute > 0 and wait > 0 and compute + wait == pytest.approx(total, rel=1e-6)
+
+
+# ---------------------------------------------------------------------------------------- stragglers
+@pytest.fixture(scope="module")
+def straggler_job(tmp_path_factory):
+    return _job(tmp_path_factory, "stragglers", 3, "stragglers-ws3", {"ddp_slow": 1, "plain_slow": 2, "delay": 0.05})
+
+
+@pytest.mark.parametrize("phase,slow", [("ddp", 1), ("plain", 2)])
+def test_straggler_signal_names_the_slow_rank(straggler_job, phase, slow):
+    results = [r[phase] for r in straggler_job["results"]]
+    assert all(r["windows"] >= (1 if phase == "ddp" else 2) for r in results)
+    assert {r["slowest"] for r in results} == {slow}
+    scores = [r["score"] for r in results]
+    assert scores[slow] == max(scores) and scores[slow] > 0.2
+    assert all(s < 0.1 for i, s in enumerate(scores) if i != slow)
+
+
+def test_slow_rank_waits_least_and_computes_most(straggler_job):
+    # Over both phases each slow rank spent 10 x 50 ms extra computing; the others waited for it.
+    computes = [_value(m, n.STEP_COMPUTE_TIME) for m in straggler_job["metrics"]]
+    waits = [_value(m, n.STEP_COLLECTIVE_WAIT_TIME) for m in straggler_job["metrics"]]
+    assert computes[0] == min(computes)
+    assert waits[0] == max(waits)
+
+
+# ------------------------------------------------------------------------------------------- hangs
+@pytest.fixture(scope="module")
+def hang_job(tmp_path_factory):
+    return _job(tmp_path_factory, "hang", 3, "hang-ws3", {"threshold": 1.5, "timeout": 6})
+
+
+def test_watchdog_fires_on_the_waiting_ranks_while_they_wait(hang_job):
+    for rank in (1, 2):
+        result = hang_job["results"][rank]
+        assert result["raised_after"] > 5  # they really were stuck until gloo's timeout
+        # the hang report had already left the process before the call gave up
+        assert "collective.hang" in result["traces_while_stuck"]
+        (hang,) = [s for s in hang_job["spans"][rank] if s["name"] == n.SPAN_HANG]
+        a = hang["attributes"]
+        assert a[n.COLL_OP] == "all_reduce" and a[n.COLL_GROUP_DESC] == "default_pg"
+        assert a[n.COLL_SEQ] == 3
+        assert 1.5 <= a[n.HANG_WAITED] < 1.5 + 1.5  # within the threshold plus one check interval
+        assert hang["events"][0]["name"] == n.HANG_EVENT
+        assert _value(hang_job["metrics"][rank], n.COLLECTIVE_HANGS, op="all_reduce") == 1
+    assert not [s for s in hang_job["spans"][0] if s["name"] == n.SPAN_HANG]
+
+
+def test_exported_sequence_numbers_name_the_rank_that_never_arrived(hang_job):
+    started = {r: _value(m, n.GROUP_SEQ_STARTED, group="default_pg") for r, m in enumerate(hang_job["metrics"])}
+    completed = {r: _value(m, n.GROUP_SEQ_COMPLETED, group="default_pg") for r, m in enumerate(hang_job["metrics"])}
+    behind = [r for r, s in started.items() if s < max(started.values())]
+    assert behind == [0]
+    assert completed == {0: 2, 1: 2, 2: 2}
