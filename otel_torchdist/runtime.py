@@ -309,13 +309,21 @@ class Runtime:
         table = _summary.rows(self.pipeline.store.snapshot())
         drops = health.drops()
         errors = health.errors()
+        step_stats = _summary.steps(self.pipeline.framework)
         self._write_json(
             f"summary.rank{ident.rank}.json",
-            {"run": ident.run_id, "rank": ident.rank, "collectives": table, "dropped": drops, "errors": errors},
+            {
+                "run": ident.run_id,
+                "rank": ident.rank,
+                "collectives": table,
+                "steps": step_stats,
+                "dropped": drops,
+                "errors": errors,
+            },
         )
         if not self._speaks(ident):
             return
-        footer = [
+        footer = _summary.step_lines(step_stats) + [
             f"telemetry dropped: {sum(drops.values())} ({', '.join(f'{k} {v}' for k, v in drops.items()) or 'none'}); "
             f"internal errors: {sum(errors.values())}"
         ]

@@ -55,3 +55,36 @@ def render(header: str, table: list[dict[str, Any]], footer: list[str]) -> str:
             )
     lines.extend("  " + f for f in footer)
     return "\n".join(lines)
+
+
+def steps(framework: Any) -> dict[str, Any]:
+    """This rank's step totals and straggler verdict, from the framework metrics."""
+    from . import names as n
+
+    count = framework.get(n.STEPS_METRIC, ()) or 0
+    out: dict[str, Any] = {"steps": int(count)}
+    if count:
+        compute = framework.get(n.STEP_COMPUTE_TIME, ()) or 0.0
+        wait = framework.get(n.STEP_COLLECTIVE_WAIT_TIME, ()) or 0.0
+        out.update(
+            mean_step_s=(compute + wait) / count,
+            mean_compute_s=compute / count,
+            mean_collective_wait_s=wait / count,
+        )
+    slowest = framework.get(n.STRAGGLER_SLOWEST, ())
+    if slowest is not None and slowest >= 0:
+        out["slowest_rank"] = int(slowest)
+        out["straggler_score"] = framework.get(n.STRAGGLER_SCORE, ())
+    return out
+
+
+def step_lines(stats: dict[str, Any]) -> list[str]:
+    if not stats.get("steps"):
+        return []
+    line = (
+        f"steps: {stats['steps']}, {stats['mean_step_s'] * 1e3:.1f} ms each on average: "
+        f"{stats['mean_compute_s'] * 1e3:.1f} ms compute, {stats['mean_collective_wait_s'] * 1e3:.1f} ms in collectives"
+    )
+    if "slowest_rank" in stats:
+        line += f"; slowest rank at the last exchange: {stats['slowest_rank']}"
+    return [line]

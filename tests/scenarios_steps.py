@@ -62,6 +62,20 @@ def steps(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"fed_loss": fed}
 
 
+def sampled_by_ratio(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """OTEL_TRACES_SAMPLER=traceidratio 0.5 over twelve explicit steps."""
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    os.environ["OTEL_TRACES_SAMPLER"] = "traceidratio"
+    os.environ["OTEL_TRACES_SAMPLER_ARG"] = "0.5"
+    _instrument(out, "ratio", straggler_exchange_steps=0)
+    for i in range(1, 13):
+        with otel_torchdist.step(i):
+            dist.all_reduce(torch.ones(4))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {}
+
+
 def _wait_for_windows(count: int, timeout: float = 60) -> int:
     from otel_torchdist import runtime
 

@@ -124,6 +124,22 @@ def test_step_metrics_match_what_was_fed(steps_job):
         assert compute > 0 and wait > 0 and compute + wait == pytest.approx(total, rel=1e-6)
 
 
+def test_otel_traces_sampler_keeps_the_same_steps_on_every_rank(tmp_path_factory):
+    job = _job(tmp_path_factory, "sampled_by_ratio", 2, "ratio")
+    kept = [
+        sorted(s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP) for spans in job["spans"]
+    ]
+    # traceidratio keeps a trace when its id's low 64 bits fall under ratio * 2**64
+    expected = [i for i in range(1, 13) if step_ids("ratio", i, 0)[0] & ((1 << 64) - 1) < (1 << 63)]
+    assert kept[0] == kept[1] == expected
+    assert 0 < len(expected) < 12
+    for spans in job["spans"]:
+        colls = [s for s in spans if n.COLL_OP in s["attributes"]]
+        assert len(colls) == len(expected)  # the collectives of dropped steps went with them
+    for m in job["metrics"]:
+        assert _value(m, n.STEPS_METRIC) == 12
+
+
 # ---------------------------------------------------------------------------------------- stragglers
 @pytest.fixture(scope="module")
 def straggler_job(tmp_path_factory):
