@@ -247,7 +247,10 @@ class Pipeline:
     def export_spans(self, deadline: float) -> bool:
         """Send queued spans in batches until the queue is empty or ``deadline`` (monotonic) passes."""
         ok = True
-        with self._export_lock:
+        # Bounded: the export thread may hold the lock, stuck on a slow backend for its own timeout.
+        if not self._export_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+            return False
+        try:
             while self.resource is not None and self.encoded:
                 count = min(self.queued_spans(), self.cfg.span_batch_size)
                 if count == 0:
@@ -261,6 +264,8 @@ class Pipeline:
                         health.dropped("span", count)
                         health.dropped("span_batch")
                         ok = False
+        finally:
+            self._export_lock.release()
         return ok
 
     def metric_data(self) -> list[MetricData]:
@@ -287,13 +292,19 @@ class Pipeline:
         if self.resource is None or not self.metric_sinks:
             return True
         ok = True
-        with self._export_lock:
+        deadline = time.monotonic() + timeout
+        if not self._export_lock.acquire(timeout=timeout):
+            return False
+        try:
             data = self.metric_data()
             now = time_ns()
             for sink in self.metric_sinks:
-                if not sink.export_metrics(self.resource, data, self.start_ns, now, timeout=timeout):
+                remaining = deadline - time.monotonic()
+                if remaining <= 0 or not sink.export_metrics(self.resource, data, self.start_ns, now, timeout=remaining):
                     health.dropped("metric_batch")
                     ok = False
+        finally:
+            self._export_lock.release()
         return ok
 
     def flush(self, timeout: float) -> bool:

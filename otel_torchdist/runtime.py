@@ -22,7 +22,7 @@ import threading
 import time
 from typing import Any
 
-from . import health, logs, steps, stragglers, watchdog
+from . import health, logs, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
@@ -108,6 +108,7 @@ class Runtime:
     # ------------------------------------------------------------------------------------------ start
     def start(self) -> None:
         logs.configure(self.cfg.log_level)
+        self._check_run_dir()
         record.set_limit(self.cfg.max_queued_records)
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
@@ -123,6 +124,7 @@ class Runtime:
             health.error("capture", "the optimizer capture could not be installed", exc)
         steps.TRACKER[0] = self.steps
         optim._listeners.append(self.steps.on_optimizer_step)
+        signals.install(lambda: self.close(restore=False))
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -134,6 +136,22 @@ class Runtime:
             ddp.adopt_existing()
         except Exception as exc:
             health.error("ddp", "could not adopt DDP models built before instrument()", exc)
+
+    def _check_run_dir(self) -> None:
+        """Refuse at once a run folder the file exporters could not write; otherwise only warn."""
+        cfg = self.cfg
+        try:
+            os.makedirs(cfg.run_dir, exist_ok=True)
+            probe = os.path.join(cfg.run_dir, f".otel-torchdist-probe-{os.getpid()}")
+            with open(probe, "w") as f:
+                f.write("")
+            os.remove(probe)
+        except OSError as exc:
+            message = f"run_dir / OTEL_TORCHDIST_RUN_DIR {cfg.run_dir!r} is not writable ({exc.strerror or exc})"
+            uses_files = cfg.resolved_traces_exporter() == "file" or "file" in cfg.resolved_metrics_exporters()
+            if uses_files:
+                raise ValueError(message + "; the file exporters need it. Point it elsewhere or export over OTLP") from None
+            _log.warning("otel-torchdist: %s; the run's resource, summary and target files are not written", message)
 
     def on_process_group(self) -> None:
         """The process group exists: learn who we are and start exporting."""
@@ -276,6 +294,7 @@ class Runtime:
             self.patcher.restore()
             optim.remove()
             context.TRACKER.remove()
+            signals.uninstall()
         funcol.flush_unfinished()
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:
@@ -288,6 +307,11 @@ class Runtime:
         for part in (self.watchdog, self.exchange):
             if part is not None:
                 part.stop()
+        if self.watchdog is not None:
+            # A rank told to stop while stuck in a collective: say which one, as unfinished.
+            for rec in self.watchdog.blocking_in_flight():
+                stuck = list(rec)
+                record.complete(stuck, n.END_UNFINISHED)
         completion.flush_unfinished()
         nccl.flush_pending()
         if self.identity is None:
@@ -321,6 +345,11 @@ class Runtime:
                 "errors": errors,
             },
         )
+        if drops and sum(drops.values()):
+            _log.warning(
+                "otel-torchdist: telemetry dropped on this rank to protect training: %s",
+                ", ".join(f"{v} {k}" for k, v in sorted(drops.items()) if v),
+            )
         if not self._speaks(ident):
             return
         footer = _summary.step_lines(step_stats) + [

@@ -10,7 +10,8 @@ never touch this).
 
 Score of rank r over a window: (compute_r - min compute) / mean step time, clipped at 0. Under DDP, and in
 any loop synchronised by collectives, everyone's step takes as long as the slowest rank's; the slow rank
-computes longest and waits least, so its score is the highest and the others' are near 0.
+computes longest and waits least, so its score is the highest and the others' are near 0. Step 1 (set-up,
+lazy initialisation, compilation, different on every rank) is left out of the first window.
 """
 
 from __future__ import annotations
@@ -68,6 +69,9 @@ class Exchange:
 
     def add_step(self, index: int, duration: float, compute: float, wait: float) -> None:
         """Called by the drain thread when a step closes."""
+        if index == 1:
+            # Step 1 holds each rank's own set-up (arrival skew, lazy init, compilation): not straggling.
+            return
         w = self.window
         w["steps"] += 1
         w["duration"] += duration

@@ -73,7 +73,8 @@ class Watchdog:
                 health.error("watchdog", "the hang watchdog hit an error", exc)
 
     # --------------------------------------------------------------------------------------- check
-    def in_flight(self) -> list[list | tuple]:
+    def blocking_in_flight(self) -> list[list]:
+        """Records of blocking calls some thread is inside right now."""
         records: list = []
         for frame in sys._current_frames().values():
             while frame is not None:
@@ -83,6 +84,10 @@ class Watchdog:
                         records.append(rec)
                     break  # the outermost wrapper on this thread is enough
                 frame = frame.f_back
+        return records
+
+    def in_flight(self) -> list[list | tuple]:
+        records = self.blocking_in_flight()
         records += [join.rec for join in completion.in_flight()]
         with funcol._pending_lock:
             records += [join.rec for _, join in funcol._pending.values()]

@@ -123,7 +123,9 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
         if gi is None:
             gi = groups.info(group)
             if gi is None:
-                return None
+                if group is c10d.GroupMember.NON_GROUP_MEMBER:
+                    return None  # not a member: the call returns without communicating
+                gi = groups.unresolved()  # no process group (any more): the call raises; record that
         root_pair = (v[r0], v[r1] if r1 is not None else None) if root is not None else None
         peer_pair = (v[p0], v[p1] if p1 is not None else None) if peer is not None else None
         is_async = bool(v[ia]) if ia is not None else False

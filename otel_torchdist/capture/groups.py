@@ -134,6 +134,23 @@ def info(pg: Any) -> GroupInfo | None:
     return gi
 
 
+_unresolved: list[GroupInfo] = []
+
+
+def unresolved() -> GroupInfo:
+    """Stands for a group that could not be resolved (no process group, or it was destroyed): the call
+    will raise, and its record says so."""
+    with _lock:
+        if not _unresolved:
+            gi = GroupInfo(None)
+            gi.name, gi.desc, gi.label, gi.size, gi.rank, gi.backend = "none", "uninitialized", "uninitialized", 0, -1, "none"
+            gi.seq_supported = False
+            gi.gid = len(BY_ID)
+            BY_ID.append(gi)
+            _unresolved.append(gi)
+    return _unresolved[0]
+
+
 def _unique_label(gi: GroupInfo) -> str:
     base = gi.desc if gi.desc and gi.desc != "undefined" else f"pg{gi.name}"
     label = base if base not in _labels else f"{base}:{gi.name}"

@@ -1,0 +1,114 @@
+"""SIGTERM (torchrun, Slurm, Kubernetes stopping a job): flush telemetry, then die as SIGTERM would.
+
+A Python signal handler runs on the main thread between bytecodes, so a rank stuck in a collective (in
+C++) would not run it until the collective gave up, possibly half an hour later. So besides the handler,
+the signal's wakeup file descriptor (written by CPython's C-level handler the moment the signal arrives,
+whatever the main thread is doing) is watched by a thread of ours: whichever sees SIGTERM first flushes
+(bounded by ``flush_timeout``). The main-thread handler then re-raises SIGTERM with the default action, so
+the exit status is the usual one; if the main thread is stuck, the watcher ends the process itself
+(``os._exit(143)``, the shell's code for death by SIGTERM) once the flush is done.
+
+Only installed from the main thread, only if SIGTERM's disposition is the default or a Python handler
+(which is chained), and the wakeup descriptor only if nobody (asyncio) holds it already. ``uninstall``
+puts everything back.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from collections.abc import Callable
+from typing import Any
+
+from . import health
+
+_state: dict[str, Any] = {}
+
+
+def install(flush: Callable[[], None]) -> None:
+    if _state or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        previous = signal.getsignal(signal.SIGTERM)
+    except Exception:
+        return
+    if previous is signal.SIG_IGN or previous is None:
+        return
+    done = threading.Event()
+    lock = threading.Lock()
+
+    def flush_once() -> bool:
+        """True for the caller that did the flush."""
+        if not lock.acquire(blocking=False):
+            done.wait(timeout=30)
+            return False
+        try:
+            flush()
+        except Exception as exc:
+            health.error("signal", "could not flush telemetry on SIGTERM", exc)
+        finally:
+            done.set()
+        return True
+
+    def handler(signum: int, frame: Any) -> None:
+        flush_once()
+        if callable(previous):
+            previous(signum, frame)
+            return
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGTERM)
+
+    signal.signal(signal.SIGTERM, handler)
+    _state.update(previous=previous, handler=handler)
+    read_fd, write_fd = os.pipe()
+    os.set_blocking(write_fd, False)
+    try:
+        old_fd = signal.set_wakeup_fd(write_fd, warn_on_full_buffer=False)
+    except (ValueError, OSError):
+        old_fd = None
+    if old_fd is None or old_fd != -1:
+        if old_fd not in (None, -1):
+            signal.set_wakeup_fd(old_fd)  # someone else's (asyncio): leave it, and the watcher out
+        os.close(read_fd)
+        os.close(write_fd)
+        return
+    _state.update(read_fd=read_fd, write_fd=write_fd)
+
+    stop = threading.Event()
+
+    def watch() -> None:
+        while True:
+            try:
+                data = os.read(read_fd, 64)
+            except OSError:
+                return
+            if not data or stop.is_set():
+                return
+            if signal.SIGTERM in data:
+                if flush_once() and not callable(previous):
+                    # The main thread may be stuck in C++; if its handler has not taken over, end it here.
+                    threading.Event().wait(0.5)
+                    os._exit(128 + signal.SIGTERM)
+
+    watcher = threading.Thread(target=watch, name="otel-torchdist-sigterm", daemon=True)
+    watcher.start()
+    _state.update(watcher=watcher, stop=stop)
+
+
+def uninstall() -> None:
+    if not _state or threading.current_thread() is not threading.main_thread():
+        return
+    try:
+        if signal.getsignal(signal.SIGTERM) is _state.get("handler"):
+            signal.signal(signal.SIGTERM, _state["previous"])
+        if "write_fd" in _state:
+            signal.set_wakeup_fd(-1)
+            _state["stop"].set()
+            os.write(_state["write_fd"], b"\0")  # wakes the watcher's read; it sees the stop flag
+            _state["watcher"].join(timeout=1.0)
+            os.close(_state["write_fd"])
+            os.close(_state["read_fd"])
+    except Exception as exc:
+        health.error("signal", "could not restore the SIGTERM handler", exc)
+    _state.clear()
