@@ -13,6 +13,8 @@ replaced by a default.
 from __future__ import annotations
 
 import dataclasses
+import ipaddress
+import math
 import os
 import urllib.parse
 from collections.abc import Mapping
@@ -154,6 +156,12 @@ class Config:
     """Spans waiting for export at most; beyond it spans are dropped and counted
     (``torchdist_telemetry_dropped_total{kind="span"}``). Env: ``OTEL_BSP_MAX_QUEUE_SIZE``."""
 
+    max_spans_per_step: int = 10000
+    """Most collective spans one rank exports for one training step (0 = no limit); the rest of a traced
+    step is counted (``torchdist_telemetry_dropped_total{kind="span_step_limit"}``), not traced. Keeps a
+    loop that never closes a step (no optimizer, no ``otel_torchdist.step()``) from tracing every
+    collective of the run. Env: ``OTEL_TORCHDIST_MAX_SPANS_PER_STEP``."""
+
     span_batch_size: int = 512
     """Spans per export request at most. Env: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``."""
 
@@ -229,11 +237,14 @@ class Config:
         if self.metrics_exporter is not None:
             if isinstance(self.metrics_exporter, str):
                 self.metrics_exporter = _split_list(self.metrics_exporter)
+            if not isinstance(self.metrics_exporter, (tuple, list)):
+                raise OptionError("metrics_exporter", f"must be a name or a list of names, got {self.metrics_exporter!r}")
+            self.metrics_exporter = tuple(self.metrics_exporter)
             for item in self.metrics_exporter:
                 _choice("metrics_exporter", item, METRICS_EXPORTERS)
         if self.traces_sampler is not None:
             _choice("traces_sampler", self.traces_sampler, SAMPLERS)
-        for name in ("trace_first_steps", "trace_every_steps", "straggler_exchange_steps"):
+        for name in ("trace_first_steps", "trace_every_steps", "straggler_exchange_steps", "max_spans_per_step"):
             _integer(name, getattr(self, name), 0)
         if self.hang_threshold is not None:
             _number("hang_threshold", self.hang_threshold, 0.0, None, exclusive_min=True)
@@ -250,7 +261,7 @@ class Config:
         for name in ("span_queue_size", "span_batch_size", "max_queued_records"):
             _integer(name, getattr(self, name), 1)
         _integer("prometheus_port", self.prometheus_port, 0, 65535)
-        for name in ("service_name", "run_dir", "prometheus_host"):
+        for name in ("service_name", "run_dir"):
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise OptionError(name, f"must be a non-empty string, got {value!r}")
@@ -265,6 +276,10 @@ class Config:
         for name in ("disabled", "metrics_rank_label"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
+        for name in ("certificate", "client_key", "client_certificate"):
+            if getattr(self, name) is not None:
+                _check_file(name, getattr(self, name))
+        _check_host("prometheus_host", self.prometheus_host)
         if self.insecure is not None and not isinstance(self.insecure, bool):
             raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
         _choice("summary", self.summary, SUMMARY_MODES)
@@ -461,6 +476,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "METRICS_RANK_LABEL", "metrics_rank_label", _parse_bool),
     (PREFIX + "SUMMARY", "summary", _parse_choice(SUMMARY_MODES)),
     (PREFIX + "TRACE_FIRST_STEPS", "trace_first_steps", _parse_int),
+    (PREFIX + "MAX_SPANS_PER_STEP", "max_spans_per_step", _parse_int),
     (PREFIX + "TRACE_EVERY_STEPS", "trace_every_steps", _parse_int),
     (PREFIX + "HANG_THRESHOLD_MS", "hang_threshold", _parse_ms),
     (PREFIX + "STRAGGLER_EXCHANGE_STEPS", "straggler_exchange_steps", _parse_int),
@@ -485,8 +501,8 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _number(name: str, value: Any, lo: float | None, hi: float | None, exclusive_min: bool = False) -> None:
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        raise OptionError(name, f"must be a number, got {value!r}")
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise OptionError(name, f"must be a finite number, got {value!r}")
     if lo is not None and (value <= lo if exclusive_min else value < lo):
         raise OptionError(name, f"must be {'>' if exclusive_min else '>='} {lo}, got {value!r}")
     if hi is not None and value > hi:
@@ -504,12 +520,38 @@ def _check_endpoint(name: str, value: Any) -> None:
     if not isinstance(value, str):
         raise OptionError(name, f"must be a URL string, got {value!r}")
     parsed = urllib.parse.urlparse(value if "://" in value else "http://" + value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname:
+    if parsed.scheme not in ("http", "https") or not parsed.hostname or not _valid_host(parsed.hostname):
         raise OptionError(name, f"must be an http(s) URL such as http://localhost:4318, got {value!r}")
     try:
         parsed.port
     except ValueError:
         raise OptionError(name, f"has an invalid port: {value!r}") from None
+
+
+def _valid_host(host: str) -> bool:
+    try:
+        ipaddress.ip_address(host.strip("[]"))
+        return True
+    except ValueError:
+        pass
+    labels = host.rstrip(".").split(".")
+    return all(
+        0 < len(label) <= 63 and label[0] != "-" and label[-1] != "-" and all(c.isascii() and (c.isalnum() or c in "-_") for c in label)
+        for label in labels
+    )
+
+
+def _check_host(name: str, value: Any) -> None:
+    if not isinstance(value, str) or not value or not _valid_host(value):
+        raise OptionError(name, f"must be a host name or IP address such as 0.0.0.0 or 127.0.0.1, got {value!r}")
+
+
+def _check_file(name: str, value: Any) -> None:
+    """TLS material is read when the exporter is built, possibly minutes later: refuse a bad path now."""
+    if not isinstance(value, str) or not value:
+        raise OptionError(name, f"must be the path of a PEM file, got {value!r}")
+    if not os.path.isfile(value) or not os.access(value, os.R_OK):
+        raise OptionError(name, f"must be the path of a readable PEM file; {value!r} is not one")
 
 
 def _check_run_id(name: str, value: Any) -> None:

@@ -431,7 +431,8 @@ TELEMETRY_DROPPED = Metric(
     "torchdist.telemetry.dropped",
     "counter",
     "{item}",
-    "Telemetry items dropped to protect training (kind=record|span|span_batch|metric_batch).",
+    "Telemetry items not exported, to protect training (kind=record|span|span_batch|metric_batch|"
+    "span_step_limit|straggler_window).",
     (M_RUN, M_RANK, M_KIND),
 )
 TELEMETRY_ERRORS = Metric(

@@ -12,6 +12,7 @@ Two daemon threads, so a slow backend never stalls aggregation:
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 from collections import deque
@@ -29,6 +30,9 @@ from .metrics import FrameworkMetrics, MetricStore, collective_metrics, health_m
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
+from .steps import Intervals
+
+_log = logging.getLogger("otel_torchdist")
 
 
 class Pipeline:
@@ -161,28 +165,43 @@ class Pipeline:
         nbytes = rec[R.NBYTES]
         bus = nbytes * bw.bus_factor(rec[R.KIND], gi.size) if gi.size > 0 else 0.0
         trace_id, parent_span_id, sampled = self._parent_of(rec)
+        step = rec[R.STEPCTX]
+        in_step = 0
+        if step is not None:
+            stats = self.step_stats.get(step[0])
+            if stats is None:
+                if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
+                    del self.step_stats[next(iter(self.step_stats))]
+                stats = self.step_stats[step[0]] = [Intervals(), 0, 0]
+            stats[0].append((rec[R.T_START], rec[R.T_END]))
+            stats[1] += 1
+            stats[2] += nbytes
+            in_step = stats[1]
         exemplar = None
         if sampled:
-            if self.queued_spans() < self.cfg.span_queue_size:
+            cap = self.cfg.max_spans_per_step
+            if cap and in_step > cap:
+                # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
+                health.dropped("span_step_limit")
+                if in_step == cap + 1:
+                    _log.info(
+                        "otel-torchdist: step %d has more than %d collectives; the rest of it is not traced "
+                        "(max_spans_per_step / OTEL_TORCHDIST_MAX_SPANS_PER_STEP; mark steps with otel_torchdist.step())",
+                        step[0],
+                        cap,
+                    )
+            elif self.queued_spans() < self.cfg.span_queue_size:
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 self._enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
+                if self.queued_spans() == self.cfg.span_batch_size:
+                    self._wake.set()  # a full batch: let the exporter send it while we go on draining
             else:
                 health.dropped("span")
         self.store.observe(rec[R.OP], gi.label, seconds, nbytes, bus, rec[R.ERROR] is not None, exemplar)
         seq = rec[R.SEQ]
         if seq is not None and rec[R.END] != n.END_UNFINISHED and seq > gi.last_completed:
             gi.last_completed = seq
-        step = rec[R.STEPCTX]
-        if step is not None:
-            stats = self.step_stats.get(step[0])
-            if stats is None:
-                if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
-                    del self.step_stats[next(iter(self.step_stats))]
-                stats = self.step_stats[step[0]] = [[], 0, 0]
-            stats[0].append((rec[R.T_START], rec[R.T_END]))
-            stats[1] += 1
-            stats[2] += nbytes
 
     def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:
         return self.parent_of(rec[R.PARENT], rec[R.CTX], rec[R.STEPCTX])

@@ -124,7 +124,7 @@ class Runtime:
             health.error("capture", "the optimizer capture could not be installed", exc)
         steps.TRACKER[0] = self.steps
         optim._listeners.append(self.steps.on_optimizer_step)
-        signals.install(lambda: self.close(restore=False))
+        signals.install(lambda: self.close(restore=False), self.on_uncaught)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -275,10 +275,15 @@ class Runtime:
             _log.info(msg)
 
     # -------------------------------------------------------------------------------------------- end
+    def on_uncaught(self, exc: BaseException) -> None:
+        self.steps.fail(type(exc).__name__, str(exc)[:1024])
+
     def on_destroy(self, group: Any) -> None:
         from torch.distributed import distributed_c10d as cd
 
         if group is None or group is cd._world.default_pg:
+            if self.exchange is not None:
+                self.exchange.stop()  # it talks to the store being destroyed
             self.flush()
 
     def flush(self, timeout: float | None = None) -> bool:
@@ -345,10 +350,11 @@ class Runtime:
                 "errors": errors,
             },
         )
-        if drops and sum(drops.values()):
+        lost = {k: v for k, v in (drops or {}).items() if v and k != "span_step_limit"}  # that one is policy
+        if lost:
             _log.warning(
                 "otel-torchdist: telemetry dropped on this rank to protect training: %s",
-                ", ".join(f"{v} {k}" for k, v in sorted(drops.items()) if v),
+                ", ".join(f"{v} {k}" for k, v in sorted(lost.items())),
             )
         if not self._speaks(ident):
             return

@@ -1,4 +1,11 @@
-"""SIGTERM (torchrun, Slurm, Kubernetes stopping a job): flush telemetry, then die as SIGTERM would.
+"""How a training process ends badly: SIGTERM, or an exception nobody caught.
+
+**Uncaught exception.** ``sys.excepthook`` is chained: the open training step is closed as failed (its
+span carries the exception's type and message), then the previous hook prints the traceback unchanged.
+The exit handler flushes afterwards. (Under ``torch.multiprocessing.spawn`` the exception is caught by
+the spawn wrapper and never reaches the hook: there the step is exported as the unfinished tail.)
+
+**SIGTERM** (torchrun, Slurm, Kubernetes stopping a job): flush telemetry, then die as SIGTERM would.
 
 A Python signal handler runs on the main thread between bytecodes, so a rank stuck in a collective (in
 C++) would not run it until the collective gave up, possibly half an hour later. So besides the handler,
@@ -17,6 +24,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -26,15 +34,27 @@ from . import health
 _state: dict[str, Any] = {}
 
 
-def install(flush: Callable[[], None]) -> None:
+def install(flush: Callable[[], None], on_exception: Callable[[BaseException], None]) -> None:
     if _state or threading.current_thread() is not threading.main_thread():
         return
+    previous_hook = sys.excepthook
+
+    def excepthook(etype: type, value: BaseException, tb: Any) -> None:
+        if not issubclass(etype, (KeyboardInterrupt, SystemExit)):
+            try:
+                on_exception(value)
+            except Exception as exc:
+                health.error("signal", "could not record the exception that ended the program", exc)
+        previous_hook(etype, value, tb)
+
+    sys.excepthook = excepthook
+    _state.update(previous_hook=previous_hook, excepthook=excepthook)
     try:
         previous = signal.getsignal(signal.SIGTERM)
     except Exception:
         return
     if previous is signal.SIG_IGN or previous is None:
-        return
+        return  # someone chose to ignore SIGTERM (or a C handler we cannot chain): leave it
     done = threading.Event()
     lock = threading.Lock()
 
@@ -100,7 +120,9 @@ def uninstall() -> None:
     if not _state or threading.current_thread() is not threading.main_thread():
         return
     try:
-        if signal.getsignal(signal.SIGTERM) is _state.get("handler"):
+        if sys.excepthook is _state.get("excepthook"):
+            sys.excepthook = _state["previous_hook"]
+        if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
             signal.signal(signal.SIGTERM, _state["previous"])
         if "write_fd" in _state:
             signal.set_wakeup_fd(-1)

@@ -62,6 +62,63 @@ def union_seconds(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
     return total / 1e9
 
 
+def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
+    out: list[tuple[int, int]] = []
+    for a, b in sorted(intervals):
+        if out and a <= out[-1][1]:
+            if b > out[-1][1]:
+                out[-1] = (out[-1][0], b)
+        else:
+            out.append((a, b))
+    return out
+
+
+class Intervals:
+    """A step's in-flight intervals, in bounded memory: a step of a million collectives (a loop that never
+    steps an optimizer) must not keep a million pairs. Past ``CAP`` pairs they are merged; if still more
+    than half remain, all but the earliest ``HEAD`` (which may start before the step) and the latest
+    ``KEEP`` are folded into a total, after which an interval is counted only from where that folded
+    region ends. Exact below ``CAP / 2`` disjoint intervals per step; beyond, an interval overlapping the
+    folded region (a collective issued long before, completing late) is counted from that region's end."""
+
+    CAP, HEAD, KEEP = 8192, 16, 1024
+    __slots__ = ("head", "tail", "folded", "folded_end")
+
+    def __init__(self) -> None:
+        self.head: list[tuple[int, int]] = []
+        self.tail: list[tuple[int, int]] = []
+        self.folded = 0
+        self.folded_end: int | None = None
+
+    def __len__(self) -> int:
+        return len(self.head) + len(self.tail)
+
+    def append(self, interval: tuple[int, int]) -> None:
+        self.tail.append(interval)
+        if len(self.tail) >= self.CAP:
+            self._compact()
+
+    def _clipped_tail(self) -> list[tuple[int, int]]:
+        end = self.folded_end
+        if end is None:
+            return self.tail
+        return [(max(a, end), b) for a, b in self.tail if b > end]
+
+    def _compact(self) -> None:
+        merged = _merge(self.head + self._clipped_tail())
+        self.head = merged[: self.HEAD]
+        rest = merged[self.HEAD :]
+        if len(rest) <= self.CAP // 2:
+            self.tail = rest
+            return
+        old, self.tail = rest[: -self.KEEP], rest[-self.KEEP :]
+        self.folded += sum(b - a for a, b in old)
+        self.folded_end = old[-1][1]
+
+    def union_seconds(self, lo: int, hi: int) -> float:
+        return union_seconds(self.head + self._clipped_tail(), lo, hi) + self.folded / 1e9
+
+
 class StepTracker:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -96,6 +153,12 @@ class StepTracker:
             if self.open:
                 self.end(final=True)
 
+    def fail(self, etype: str, message: str) -> None:
+        """An exception is ending the program: close the open step as failed (its span says why)."""
+        with self._lock:
+            if self.open:
+                self.end(final=True, error=(etype, message))
+
     def sampled(self, index: int, trace_id: int) -> bool:
         if self.cfg.traces_sampler is not None and self.pipeline is not None:
             return self.pipeline.sampler.root(trace_id)
@@ -120,7 +183,7 @@ class StepTracker:
             R.STEP[0] = (self.index, trace, rank_span, self.sampled(self.index, trace), root)
             return self.index
 
-    def end(self, t_end: int | None = None, final: bool = False) -> None:
+    def end(self, t_end: int | None = None, final: bool = False, error: tuple[str, str] | None = None) -> None:
         """Close the open step. ``final``: an optimizer-closed step that ends without its optimizer step
         (at exit, or when explicit steps take over) is traced but not counted as a step."""
         with self._lock:
@@ -144,6 +207,7 @@ class StepTracker:
                 "user": dict(self.user),
                 "backward": list(self.backward),
                 "final": final,
+                "error": error,
             }
             R.defer(_close_step, self, info)
 
@@ -176,14 +240,15 @@ class StepTracker:
 def _close_step(pipeline: Any, tracker: StepTracker, info: dict) -> None:
     index = info["index"]
     t0, t1 = info["t_start"], info["t_end"]
-    stats = pipeline.step_stats.pop(index, None) or ([], 0, 0)
+    stats = pipeline.step_stats.pop(index, None) or (Intervals(), 0, 0)
     intervals, count, nbytes = stats
     duration = max(t1 - t0, 0) / 1e9
-    wait = union_seconds(intervals, t0, t1)
+    wait = min(intervals.union_seconds(t0, t1), duration)
     compute = max(duration - wait, 0.0)
     # The tail after the last optimizer step is no training step: traced for its collectives, not counted.
-    if info["final"] and info["source"] == "optimizer":
-        if info["sampled"] and count:
+    # A step cut short by an exception is always traced: that is where this rank failed.
+    if info["final"] and info["source"] == "optimizer" or info["error"]:
+        if info["error"] or info["sampled"] and count:
             _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
         return
     fw = pipeline.framework
@@ -238,7 +303,13 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         if key in user:
             attrs.append((attr, user[key]))
     trace, root, rank_span = info["trace"], info["root"], info["rank_span"]
-    pipeline.add_span(SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs))
+    span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs)
+    if info["error"]:
+        etype, message = info["error"]
+        span.error = f"{etype}: {message}"
+        span.attributes.append((n.ERROR_TYPE, etype))
+        span.events.append((n.EXCEPTION_EVENT, t1 + off, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
+    pipeline.add_span(span)
     if tracker.rank == 0:
         pipeline.add_span(
             SpanData(

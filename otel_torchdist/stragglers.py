@@ -8,7 +8,9 @@ slowest rank, and publishes them; every rank reads the result and exports its ow
 rank. A rank that does not answer in time only costs that window (nobody blocks: the training threads
 never touch this).
 
-Score of rank r over a window: (compute_r - min compute) / mean step time, clipped at 0. Under DDP, and in
+Score of rank r over a window: (median compute_r - min median compute) / median step time, clipped at 0:
+medians, so that one odd step (a checkpoint, a garbage collection, an evaluation) does not name a rank
+that is not slow. Under DDP, and in
 any loop synchronised by collectives, everyone's step takes as long as the slowest rank's; the slow rank
 computes longest and waits least, so its score is the highest and the others' are near 0. Step 1 (set-up,
 lazy initialisation, compilation, different on every rank) is left out of the first window.
@@ -20,7 +22,9 @@ import datetime
 import json
 import logging
 import queue
+import statistics
 import threading
+import time
 from typing import Any
 
 from . import health
@@ -29,17 +33,32 @@ from . import names as n
 _log = logging.getLogger("otel_torchdist")
 MAX_WORLD = 1024
 TIMEOUT = datetime.timedelta(seconds=30)
+POLL = 0.1  # seconds between checks for the other ranks' keys
+
+
+class _Stopped(Exception):
+    pass
 
 
 def scores(windows: dict[int, dict[str, float]]) -> tuple[dict[int, float], int]:
-    """Straggler score of every rank, and the slowest rank, from each rank's window totals."""
-    computes = {r: w["compute"] for r, w in windows.items()}
-    mean_step = sum(w["duration"] / max(w["steps"], 1) for w in windows.values()) / len(windows)
+    """Straggler score of every rank, and the slowest rank, from each rank's window summary."""
+    computes = {r: w["compute_median"] for r, w in windows.items()}
+    step = statistics.median(w["duration_median"] for w in windows.values())
     low = min(computes.values())
-    per_step = {r: (c - low) / max(windows[r]["steps"], 1) for r, c in computes.items()}
-    result = {r: max(v / mean_step, 0.0) if mean_step > 0 else 0.0 for r, v in per_step.items()}
+    result = {r: max((c - low) / step, 0.0) if step > 0 else 0.0 for r, c in computes.items()}
     slowest = max(computes, key=lambda r: (computes[r], -r))
     return result, slowest
+
+
+def _summary(durations: list[float], computes: list[float], waits: list[float]) -> dict[str, float]:
+    return {
+        "steps": len(durations),
+        "duration": sum(durations),
+        "compute": sum(computes),
+        "wait": sum(waits),
+        "duration_median": statistics.median(durations),
+        "compute_median": statistics.median(computes),
+    }
 
 
 class Exchange:
@@ -49,9 +68,10 @@ class Exchange:
         self.rank = rank
         self.world = world
         self.every = every
-        self.window = {"steps": 0, "duration": 0.0, "compute": 0.0, "wait": 0.0}
+        self.window: tuple[list[float], list[float], list[float]] = ([], [], [])
         self._queue: queue.Queue = queue.Queue(maxsize=4)
         self._client: Any = None
+        self._stopping = threading.Event()
         self.completed = 0  # windows exchanged
         self._thread = threading.Thread(target=self._run, name="otel-torchdist-stragglers", daemon=True)
         pipeline.framework.set(n.STRAGGLER_SCORE, (), 0.0)
@@ -61,26 +81,29 @@ class Exchange:
         self._thread.start()
 
     def stop(self) -> None:
+        """Ends the thread and its store connection before the store can go away (rank 0 hosts it, and a
+        client blocked in it while it is destroyed aborts the process)."""
+        self._stopping.set()
         try:
             self._queue.put_nowait(None)
         except queue.Full:
             pass
-        self._thread.join(timeout=1.0)
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=2.0)
 
     def add_step(self, index: int, duration: float, compute: float, wait: float) -> None:
         """Called by the drain thread when a step closes."""
-        if index == 1:
+        if index == 1 or self._stopping.is_set():
             # Step 1 holds each rank's own set-up (arrival skew, lazy init, compilation): not straggling.
             return
         w = self.window
-        w["steps"] += 1
-        w["duration"] += duration
-        w["compute"] += compute
-        w["wait"] += wait
+        w[0].append(duration)
+        w[1].append(compute)
+        w[2].append(wait)
         if index % self.every == 0:
-            self.window = {"steps": 0, "duration": 0.0, "compute": 0.0, "wait": 0.0}
+            self.window = ([], [], [])
             try:
-                self._queue.put_nowait((index // self.every, w))
+                self._queue.put_nowait((index // self.every, _summary(*w)))
             except queue.Full:
                 health.dropped("straggler_window")
 
@@ -100,18 +123,33 @@ class Exchange:
         return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
 
     def _run(self) -> None:
-        while True:
-            item = self._queue.get()
-            if item is None:
-                return
-            try:
-                if self._client is None:
-                    self._client = self._connect()
-                self._exchange(*item)
-            except Exception as exc:
-                health.error("stragglers", "the straggler exchange failed; scores are not updated", exc)
-                if self._client is None:
-                    return  # no store to talk to: give up for this run
+        try:
+            while not self._stopping.is_set():
+                item = self._queue.get()
+                if item is None or self._stopping.is_set():
+                    return
+                try:
+                    if self._client is None:
+                        self._client = self._connect()
+                    self._exchange(*item)
+                except _Stopped:
+                    return
+                except Exception as exc:
+                    health.error("stragglers", "the straggler exchange failed; scores are not updated", exc)
+                    if self._client is None:
+                        return  # no store to talk to: give up for this run
+        finally:
+            self._client = None
+
+    def _wait(self, keys: list[str]) -> None:
+        """``store.wait`` in short polls, so that ``stop`` is never stuck behind a rank that went away."""
+        client = self._client
+        deadline = time.monotonic() + TIMEOUT.total_seconds()
+        while not client.check(keys):
+            if self._stopping.wait(POLL):
+                raise _Stopped
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no answer within {TIMEOUT.total_seconds():.0f} s for {keys[0]}...")
 
     def _exchange(self, window: int, totals: dict[str, float]) -> None:
         client = self._client
@@ -119,7 +157,7 @@ class Exchange:
         result_key = self._key(window, "result")
         if self.rank == 0:
             keys = [self._key(window, f"rank{r}") for r in range(self.world)]
-            client.wait(keys, TIMEOUT)
+            self._wait(keys)
             values = client.multi_get(keys)
             windows = {r: json.loads(v) for r, v in enumerate(values)}
             per_rank, slowest = scores(windows)
@@ -128,7 +166,7 @@ class Exchange:
                 client.delete_key(key)
             if window >= 2:
                 client.delete_key(self._key(window - 2, "result"))
-        client.wait([result_key], TIMEOUT)
+        self._wait([result_key])
         result = json.loads(client.get(result_key))
         fw = self.pipeline.framework
         fw.set(n.STRAGGLER_SCORE, (), float(result["scores"][str(self.rank)]))

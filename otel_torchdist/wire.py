@@ -59,6 +59,7 @@ def any_value_pb(v: Any) -> bytes:
 
 _key_pb_cache: dict[str, bytes] = {}
 _CACHE_LIMIT = 1 << 16
+_SMALL = 1 << 12  # integers below this are cached (ranks, counts); above, encoded each time
 
 
 def key_value_pb(key: str, value: Any) -> bytes:
@@ -74,7 +75,8 @@ def key_value_pb(key: str, value: Any) -> bytes:
 
 
 # Most attribute values repeat from span to span (op, dtype, shapes, sizes, flags): their encodings are
-# cached per (field, key, type, value). Floats (durations, bandwidths) are new every time and skip it.
+# cached per (field, key, type, value). Floats (durations, bandwidths) and large integers (sequence
+# numbers) are new every time and skip it: caching them would only churn the cache.
 _field_pb_cache: dict[tuple, bytes] = {}
 
 
@@ -84,7 +86,7 @@ def attributes_pb(field: int, pairs) -> bytes:
     out = []
     cache = _field_pb_cache
     for key, value in pairs:
-        if type(value) is float:
+        if type(value) is float or type(value) is int and not -_SMALL < value < _SMALL:
             kv = key_value_pb(key, value)
             out.append(t + varint(len(kv)) + kv)
             continue
@@ -146,7 +148,7 @@ def attributes_json(pairs) -> list[str]:
     out = []
     cache = _field_json_cache
     for key, value in pairs:
-        if type(value) is not float:
+        if type(value) is not float and not (type(value) is int and not -_SMALL < value < _SMALL):
             ck = (key, type(value), value)
             try:
                 enc = cache.get(ck)

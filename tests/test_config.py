@@ -123,3 +123,39 @@ def test_log_level_variable_any_case():
     assert config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "DEBUG"}).log_level == "DEBUG"
     with pytest.raises(ValueError, match="OTEL_TORCHDIST_LOG_LEVEL"):
         config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "loud"})
+
+
+# Values any string option may legitimately hold: a service name, a run folder, a run id or a host name
+# can be "nan". Everything else must be refused by name.
+_FREE_FORM = {"service_name", "run_dir", "run_id", "endpoint", "traces_endpoint", "metrics_endpoint", "prometheus_host"}
+
+
+@pytest.mark.parametrize("option", config.OPTION_NAMES)
+def test_every_option_refuses_a_wrong_type_by_name(option):
+    for wrong in (object(), ["x"], float("inf")):
+        with pytest.raises(ValueError) as info:
+            config.load({option: wrong}, environ={})
+        assert str(info.value).startswith(f"{option}: "), info.value
+
+
+@pytest.mark.parametrize("var,option", [(var, name) for var, name, _ in config._ENV])
+def test_every_variable_refuses_garbage_by_name(var, option):
+    for garbage in ("¿garbage?", "1e999", "-1"):
+        if option in _FREE_FORM and garbage != "¿garbage?" or option in ("service_name", "run_dir"):
+            continue
+        with pytest.raises(ValueError) as info:
+            config.load({}, environ={var: garbage})
+        assert str(info.value).startswith(f"{var}={garbage!r}: "), info.value
+
+
+def test_blank_variables_count_as_unset():
+    # The OTel specification: an empty value is the same as an unset variable.
+    assert config.load({}, environ={var: " " for var in config.ENV_VARS}) == config.load({}, environ={})
+
+
+def test_tls_files_must_exist_when_given(tmp_path):
+    with pytest.raises(ValueError, match="OTEL_EXPORTER_OTLP_CERTIFICATE='/nonexistent/ca.pem': must be the path"):
+        config.load({}, environ={"OTEL_EXPORTER_OTLP_CERTIFICATE": "/nonexistent/ca.pem"})
+    pem = tmp_path / "ca.pem"
+    pem.write_text("-----BEGIN CERTIFICATE-----\n")
+    assert config.load({"certificate": str(pem)}, environ={}).certificate == str(pem)
