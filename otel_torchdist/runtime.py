@@ -100,6 +100,8 @@ class Runtime:
         self.components: list[Component] = []
         self.steps = steps.StepTracker(cfg)
         self.exchange: stragglers.Exchange | None = None
+        self._started = False
+        self._run_dir_ok = True
         self.watchdog: watchdog.Watchdog | None = None
         self._lock = threading.RLock()
         self._closed = False
@@ -109,6 +111,7 @@ class Runtime:
     def start(self) -> None:
         logs.configure(self.cfg.log_level)
         self._check_run_dir()
+        self._started = True
         record.set_limit(self.cfg.max_queued_records)
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
@@ -152,6 +155,7 @@ class Runtime:
             if uses_files:
                 raise ValueError(message + "; the file exporters need it. Point it elsewhere or export over OTLP") from None
             _log.warning("otel-torchdist: %s; the run's resource, summary and target files are not written", message)
+            self._run_dir_ok = False
 
     def on_process_group(self) -> None:
         """The process group exists: learn who we are and start exporting."""
@@ -164,11 +168,12 @@ class Runtime:
         cfg = self.cfg
         self.identity = ident
         folder = os.path.join(cfg.run_dir, ident.run_id)
-        try:
-            os.makedirs(folder, exist_ok=True)
-        except OSError as exc:
-            health.error("run_folder", f"cannot create the run folder {folder}", exc)
-        self.folder = folder
+        if self._run_dir_ok:
+            try:
+                os.makedirs(folder, exist_ok=True)
+                self.folder = folder
+            except OSError as exc:
+                health.error("run_folder", f"cannot create the run folder {folder}", exc)
         self.components = self._make_components()
         extra = dict(cfg.resource_attributes)
         for comp in self.components:
@@ -300,6 +305,8 @@ class Runtime:
             optim.remove()
             context.TRACKER.remove()
             signals.uninstall()
+        if not self._started:
+            return  # refused at start: nothing ran, nothing to flush or report
         funcol.flush_unfinished()
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:

@@ -337,10 +337,15 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
             )
 
 
+SLOW_STEP_MIN_EXCESS = 0.1  # seconds a slow step must exceed the median by, besides the factor
+
+
 def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: float, median, info: dict) -> None:
     factor = tracker.cfg.slow_step_factor
     if not factor or median is None or len(tracker._recent) < 6 or duration <= factor * median:
         return
+    if duration - median < SLOW_STEP_MIN_EXCESS:
+        return  # millisecond steps: a garbage collection is not worth a warning
     if index - tracker._last_slow_warning < 100:
         return  # one warning per hundred steps at most
     tracker._last_slow_warning = index

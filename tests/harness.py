@@ -119,6 +119,12 @@ def last_metrics(path: str) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+def metric_value(metrics: dict[str, list[dict[str, Any]]], metric: Any, **labels: str) -> float:
+    """The one data point of ``metric`` (a names.Metric) whose attributes include ``labels``."""
+    (point,) = [p for p in metrics[metric.name] if all(p["attributes"].get(k) == v for k, v in labels.items())]
+    return float(point.get("asDouble", point.get("asInt", point.get("sum", point.get("count")))))
+
+
 def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "condition"):
     deadline = time.monotonic() + timeout
     last = None

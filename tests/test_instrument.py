@@ -67,6 +67,36 @@ def test_bad_variable_names_it(fake_pg, monkeypatch):
     assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
 
 
+class _Records(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__()
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.messages.append(record.getMessage())
+
+
+def test_unwritable_run_folder_is_refused_by_name_when_files_are_the_destination(fake_pg):
+    before = _snapshot()
+    bad = "/etc/hostname/runs"  # under a regular file: not creatable, even by root (CI runs as root)
+    with pytest.raises(ValueError, match=r"run_dir / OTEL_TORCHDIST_RUN_DIR '/etc/hostname/runs' is not writable"):
+        otel_torchdist.instrument(run_dir=bad)
+    assert _snapshot() == before
+    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+    # Exporting elsewhere, the folder is only for the summary: a warning, and training goes on captured.
+    seen = _Records()
+    logging.getLogger("otel_torchdist").addHandler(seen)
+    otel_torchdist.instrument(run_dir=bad, traces_exporter="none", metrics_exporter="none", summary="none")
+    logging.getLogger("otel_torchdist").removeHandler(seen)
+    try:
+        assert any("is not writable" in m for m in seen.messages)
+        assert len(_snapshot()) == len(before) and _snapshot() != before
+        dist.all_reduce(torch.ones(2))
+    finally:
+        otel_torchdist.uninstrument()
+    assert _snapshot() == before
+
+
 def test_sdk_disabled_patches_nothing(fake_pg, monkeypatch):
     monkeypatch.setenv("OTEL_SDK_DISABLED", "true")
     before = _snapshot()

@@ -192,3 +192,26 @@ def test_exported_sequence_numbers_name_the_rank_that_never_arrived(hang_job):
     behind = [r for r, s in started.items() if s < max(started.values())]
     assert behind == [0]
     assert completed == {0: 2, 1: 2, 2: 2}
+
+
+# --------------------------------------------------------------------------------------- slow steps
+def test_slow_step_warns_once_with_a_span(fake_pg, instrumented):
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from tests.harness import read_spans
+
+    folder = instrumented(run_id="slow", trace_every_steps=1000)
+    for i in range(1, 12):
+        with otel_torchdist.step(i):
+            dist.all_reduce(torch.ones(4))
+            time.sleep(0.35 if i in (9, 10) else 0.01)  # step 9 is slow; 10 too, but within a hundred steps
+    otel_torchdist.uninstrument()
+    warnings = [s for s in read_spans(f"{folder}/traces.rank0.jsonl") if s["name"] == n.SPAN_WARNING]
+    (warning,) = warnings
+    assert warning["attributes"][n.WARNING_KIND] == "slow_step"
+    assert warning["attributes"][n.STEP] == 9
+    assert "x the median of recent steps" in warning["attributes"][n.WARNING_MESSAGE]

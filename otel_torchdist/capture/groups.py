@@ -46,8 +46,8 @@ class GroupInfo:
         self.pg = pg
         self.name = _safe(lambda: pg.group_name, "?")
         self.desc = _safe(lambda: pg.group_desc, "")
-        self.size = _safe(pg.size, 0)
-        self.rank = _safe(pg.rank, -1)
+        self.size = _safe(lambda: pg.size(), 0)
+        self.rank = _safe(lambda: pg.rank(), -1)
         self.backend = _safe(lambda: str(dist.get_backend(pg)), "unknown")
         self.global_ranks: tuple[int, ...] = tuple(_safe(lambda: dist.get_process_group_ranks(pg), ()))
         self.ranks = self.global_ranks if self.size <= SMALL_GROUP else None

@@ -1,0 +1,212 @@
+"""Faults on the training side never hurt training, and what could be kept is kept.
+
+Real processes throughout: torchrun (elastic restart, SIGTERM forwarded to the ranks), gloo ranks from the
+launcher, and the fake backend for a million collectives in one process.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from otel_torchdist import names as n
+from tests.harness import REPO, collective_spans, last_metrics, metric_value, read_spans, run_ranks, wait_for
+
+
+def _torchrun(out: str, mode: str, restarts: int = 0) -> subprocess.Popen:
+    os.makedirs(out, exist_ok=True)
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    cmd = [
+        sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+        "--max-restarts", str(restarts), "--monitor-interval", "0.2",
+        "-m", "tests.scenarios_faults", out, mode,
+    ]  # fmt: skip
+    log = open(os.path.join(out, "torchrun.log"), "w")
+    return subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+
+
+def _log(out: str) -> str:
+    return open(os.path.join(out, "torchrun.log")).read()
+
+
+def _spans_by_instance(out: str) -> dict[str, list[dict]]:
+    by: dict[str, list[dict]] = {}
+    for path in glob.glob(os.path.join(out, "runs", "*", "traces.rank*.jsonl")):
+        for span in read_spans(path):
+            by.setdefault(span["resource"][n.SERVICE_INSTANCE_ID], []).append(span)
+    return by
+
+
+# ----------------------------------------------------------------------- rank failure, elastic restart
+@pytest.fixture(scope="module")
+def elastic(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("elastic"))
+    proc = _torchrun(out, "fail", restarts=1)
+    try:
+        proc.wait(240)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise AssertionError("torchrun did not finish:\n" + _log(out)[-4000:]) from None
+    return {"out": out, "rc": proc.returncode, "log": _log(out), "spans": _spans_by_instance(out)}
+
+
+def test_failed_rank_exception_is_unchanged_and_the_job_restarts(elastic):
+    assert elastic["rc"] == 0, elastic["log"][-4000:]
+    assert "ValueError: planted failure on rank 1 at step 3" in elastic["log"]
+    for rank in (0, 1):
+        assert os.path.exists(os.path.join(elastic["out"], f"done.rank{rank}.attempt1"))
+
+
+def test_restart_gets_fresh_instance_ids_and_the_same_run_id(elastic):
+    spans = elastic["spans"]
+    run_ids = {s["resource"][n.RUN_ID] for group in spans.values() for s in group}
+    assert len(run_ids) == 1
+    (run_id,) = run_ids
+    assert set(spans) == {f"{run_id}-rank0", f"{run_id}-rank1", f"{run_id}-rank0-attempt1", f"{run_id}-rank1-attempt1"}
+    for instance, group in spans.items():
+        assert {s["resource"][n.RESTART_COUNT] for s in group} == {1 if "attempt1" in instance else 0}
+
+
+def test_failed_rank_exports_the_step_it_failed_in(elastic):
+    run_id = next(iter(elastic["spans"])).split("-rank")[0]
+    failed = [s for s in elastic["spans"][f"{run_id}-rank1"] if s["name"] == n.SPAN_RANK_STEP]
+    by_step = {s["attributes"][n.STEP]: s for s in failed}
+    assert sorted(by_step) == [1, 2, 3]
+    step3 = by_step[3]
+    assert step3["status"]["code"] == 2
+    assert step3["status"]["message"] == "ValueError: planted failure on rank 1 at step 3"
+    (event,) = step3["events"]
+    assert event["name"] == n.EXCEPTION_EVENT
+    assert all(by_step[i].get("status", {}).get("code", 0) != 2 for i in (1, 2))
+
+
+def test_surviving_rank_flushed_up_to_the_failure(elastic):
+    run_id = next(iter(elastic["spans"])).split("-rank")[0]
+    survivor = elastic["spans"][f"{run_id}-rank0"]
+    steps = sorted(s["attributes"][n.STEP] for s in survivor if s["name"] == n.SPAN_RANK_STEP)
+    assert steps[:2] == [1, 2]
+    # Step 3's gradient all-reduce: gloo failed it when the peer died (or, depending on timing, torchrun's
+    # SIGTERM came first and it is exported unfinished). Either way it was exported, and says so.
+    ddp = [s for s in collective_spans(survivor) if s["attributes"].get(n.COLL_FRAMEWORK) == "ddp"]
+    assert sum(1 for s in ddp if s["attributes"][n.COLL_OP] == "all_reduce") == 3
+    last = ddp[-1]
+    assert last.get("status", {}).get("code") == 2 or last["attributes"][n.COLL_END_SOURCE] == n.END_UNFINISHED
+
+
+# ------------------------------------------------------------------------------------------- SIGTERM
+def test_sigterm_flushes_and_exits_within_the_flush_timeout(tmp_path):
+    out = str(tmp_path)
+    proc = _torchrun(out, "stuck")
+    try:
+        wait_for(lambda: len(glob.glob(os.path.join(out, "started.rank*"))) == 2, 60, what="both ranks started")
+        time.sleep(1.0)  # rank 1 is now inside its all_reduce, rank 0 asleep in Python
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(60)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+    assert took < 3.0 + 5.0, _log(out)[-3000:]  # flush_timeout 3 s, plus torchrun's own shutdown
+    spans = _spans_by_instance(out)
+    (stuck,) = [v for k, v in spans.items() if k.endswith("rank1")]
+    ops = collective_spans(stuck)
+    assert [s["attributes"][n.COLL_END_SOURCE] for s in ops][-1] == n.END_UNFINISHED
+    assert len(ops) == 3
+    for rank in (0, 1):
+        (path,) = glob.glob(os.path.join(out, "runs", "*", f"metrics.rank{rank}.jsonl"))
+        calls = metric_value(last_metrics(path), n.COLLECTIVE_CALLS, op="all_reduce")
+        assert calls == 2 + rank  # rank 1 made a third call, exported unfinished
+
+
+# --------------------------------------------------------------------------------- collective errors
+@pytest.fixture(scope="module")
+def errors_job(tmp_path_factory):
+    out = str(tmp_path_factory.mktemp("errors"))
+    results = run_ranks("scenarios_faults:collective_errors", 2, out)
+    spans = [read_spans(os.path.join(out, "runs", "errors-ws2", f"traces.rank{r}.jsonl")) for r in range(2)]
+    return {"results": results, "spans": spans}
+
+
+def test_bad_calls_raise_exactly_what_they_raise_uninstrumented(errors_job):
+    for result in errors_job["results"]:
+        plain, seen = result["plain"], result["seen"]
+        for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor", "no_group"):
+            assert seen[name] == plain[name], name
+            if name != "no_group":
+                assert seen[name + ":raised_in"] == ["distributed_c10d.py"]  # where torch raised it, not by us
+
+
+def test_error_spans_carry_status_and_message(errors_job):
+    for rank, result in enumerate(errors_job["results"]):
+        errors = [s for s in collective_spans(errors_job["spans"][rank]) if s.get("status", {}).get("code") == 2]
+        by_op = {}
+        for s in errors:
+            by_op.setdefault(s["attributes"][n.COLL_OP], []).append(s)
+        for name in ("all_gather_into_tensor", "all_gather", "reduce_scatter_tensor"):
+            (span,) = by_op[name]
+            assert span["attributes"][n.ERROR_TYPE] == "RuntimeError"
+            assert result["seen"][name][1].split("[...]")[-1][:60] in span["status"]["message"]
+        (gone,) = by_op["all_reduce"] if rank == 0 else [s for s in by_op["all_reduce"] if s["attributes"][n.COLL_GROUP_DESC] == "uninitialized"]
+        assert gone["attributes"][n.ERROR_TYPE] == "ValueError"
+        assert "Default process group has not been initialized" in gone["status"]["message"]
+    timed_out = [s for s in errors_job["spans"][1] if s.get("status", {}).get("code") == 2 and s["attributes"].get(n.COLL_GROUP_DESC) not in ("default_pg", "uninitialized")]
+    (span,) = timed_out
+    assert 1.5 < float(errors_job["results"][1]["seen"]["timeout_after"][0]) < 10
+    assert errors_job["results"][1]["seen"]["timeout"][1][:40] in span["status"]["message"]
+
+
+# ------------------------------------------------------------------------------------------- threads
+def test_concurrent_threads_and_ddp_lose_and_mix_up_nothing(tmp_path):
+    count, nthreads, steps = 300, 4, 10
+    results = run_ranks("scenarios_faults:threads", 2, str(tmp_path), {"count": count, "threads": nthreads, "steps": steps})
+    for rank, result in enumerate(results):
+        assert result["wrong"] == []
+        folder = os.path.join(str(tmp_path), "runs", "threads-ws2")
+        metrics = last_metrics(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
+        spans = collective_spans(read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl")))
+        for i in range(nthreads):
+            group = f"thread{i}"
+            assert metric_value(metrics, n.COLLECTIVE_CALLS, op="all_reduce", group=group) == count
+            assert metric_value(metrics, n.COLLECTIVE_BYTES, op="all_reduce", group=group) == count * 8 * (i + 1) * 4
+            mine = [s for s in spans if s["attributes"][n.COLL_GROUP_DESC] == group]
+            assert len(mine) == count
+            assert {s["attributes"][n.COLL_NUMEL] for s in mine} == {8 * (i + 1)}
+            assert sorted(s["attributes"][n.COLL_SEQ] for s in mine) == list(range(1, count + 1))
+        ddp = [s for s in spans if s["attributes"].get(n.COLL_FRAMEWORK) == "ddp" and s["attributes"][n.COLL_OP] == "all_reduce"]
+        assert len(ddp) == steps * result["buckets"]
+        assert {s["attributes"][n.COLL_GROUP_DESC] for s in ddp} == {"default_pg"}
+        assert "torchdist.telemetry.dropped" not in metrics or all(
+            float(p.get("asInt", 0)) == 0 for p in metrics["torchdist.telemetry.dropped"]
+        )
+
+
+# ---------------------------------------------------------------------------------------------- soak
+def test_a_million_collectives_in_bounded_memory_with_nothing_leaked(tmp_path):
+    total = 1_000_000
+    proc = subprocess.run(
+        [sys.executable, "-m", "tests.scenarios_faults", "soak", str(total), str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    result = json.loads(proc.stdout.strip().splitlines()[-1])
+    rss = dict((int(i), mb) for i, mb in result["rss_mb"])
+    # After warm-up, growth is bounded by the configured queues, not by the number of collectives.
+    assert rss[total] - rss[total // 5] < 32, result["rss_mb"]
+    assert result["after"] == result["before"], result  # no thread or descriptor left behind
+    folder = os.path.join(str(tmp_path), "runs", "soak")
+    metrics = last_metrics(os.path.join(folder, "metrics.rank0.jsonl"))
+    assert metric_value(metrics, n.COLLECTIVE_CALLS, op="all_reduce") == total  # metrics exact
+    # Steps 1-10 (100 collectives each) and the never-ending last step (traced, capped) are sampled.
+    exported = len(collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl"))))
+    drops = result["drops"]
+    capped = total // 2 - 10_000
+    assert drops.get("span_step_limit") == capped
+    assert exported + drops.get("span", 0) == 10 * 100 + 10_000  # every traced span exported or counted
+    assert result["errors"] == {}
