@@ -223,15 +223,25 @@ def _scope() -> dict[str, str]:
     return {"name": n.SCOPE_NAME, "version": __version__}
 
 
+_name_json: dict[str, str] = {}
+
+
 def span_json(s: SpanData) -> str:
     """One span as an OTLP/JSON object (a fragment of a request)."""
     attrs = [wire.block_json(block) for block in s.shared if block]
     attrs += wire.attributes_json(s.attributes)
-    out = (
-        '{"traceId":"%032x","spanId":"%016x",' % (s.trace_id, s.span_id)
-        + ('"parentSpanId":"%016x",' % s.parent_span_id if s.parent_span_id else "")
-        + '"flags":%d,"name":%s,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s]'
-        % (0x101 if s.sampled else 0x100, json.dumps(s.name), s.start_ns, s.end_ns, ",".join(attrs))
+    name = _name_json.get(s.name)
+    if name is None:
+        name = _name_json[s.name] = json.dumps(s.name)
+    out = '{"traceId":"%032x","spanId":"%016x",%s"flags":%d,"name":%s,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s]' % (
+        s.trace_id,
+        s.span_id,
+        '"parentSpanId":"%016x",' % s.parent_span_id if s.parent_span_id else "",
+        0x101 if s.sampled else 0x100,
+        name,
+        s.start_ns,
+        s.end_ns,
+        ",".join(attrs),
     )
     if s.events:
         out += ',"events":[%s]' % ",".join(

@@ -9,6 +9,7 @@ from . import bandwidth as bw
 from . import names as n
 from .capture import record as R
 from .otlp import SpanData
+from .wire import Block
 
 _rand = random.Random()
 
@@ -87,16 +88,15 @@ def shapes_text(flat: tuple) -> tuple[str, ...]:
     return text
 
 
-def collective_attributes(rec: tuple, gi: Any, seconds: float) -> tuple[tuple, list[tuple[str, Any]]]:
-    """A record's own span attributes: the block that recurs for the same call site, and the rest."""
+def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
+    """The attributes every call from one call site shares: the op and its tensors, where it came from."""
     kind = rec[R.KIND]
-    nbytes = rec[R.NBYTES]
     static: list[tuple[str, Any]] = [(n.COLL_OP, rec[R.OP]), (n.COLL_KIND, kind)]
     if rec[R.DTYPE] is not None:
         static.append((n.COLL_DTYPE, dtype_name(rec[R.DTYPE])))
     if rec[R.SHAPES]:
         static.append((n.COLL_SHAPES, shapes_text(rec[R.SHAPES])))
-    static += [(n.COLL_NUMEL, rec[R.NUMEL]), (n.COLL_TENSORS, rec[R.NTENSORS]), (n.COLL_MESSAGE_SIZE, nbytes)]
+    static += [(n.COLL_NUMEL, rec[R.NUMEL]), (n.COLL_TENSORS, rec[R.NTENSORS]), (n.COLL_MESSAGE_SIZE, rec[R.NBYTES])]
     if rec[R.REDOP] is not None:
         static.append((n.COLL_REDUCE_OP, redop_name(rec[R.REDOP])))
     root = _rank_of(gi, rec[R.ROOT])
@@ -107,27 +107,58 @@ def collective_attributes(rec: tuple, gi: Any, seconds: float) -> tuple[tuple, l
         static.append((n.COLL_PEER, peer))
     static += [(n.COLL_ASYNC, rec[R.ASYNC]), (n.COLL_END_SOURCE, rec[R.END]), (n.COLL_SOURCE, rec[R.SOURCE])]
     extra = rec[R.EXTRA]
-    dynamic_extra: list[tuple[str, Any]] = []
     if extra:
         for i in range(0, len(extra), 2):
             key, value = extra[i], extra[i + 1]
-            if key == "wait_ns":
-                dynamic_extra.append((n.FUNCOL_WAIT_S, value / 1e9))
-            else:
+            if key != "wait_ns":
                 static.append((_EXTRA_KEYS[key], tuple(value.split(",")) if key == "peers" else value))
     if rec[R.ERROR] is not None:
         static.append((n.ERROR_TYPE, rec[R.ERROR][0]))
     static += source_attributes(rec)
-    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)] + dynamic_extra
+    return static
+
+
+def dynamic_attributes(rec: tuple, gi: Any, seconds: float) -> list[tuple[str, Any]]:
+    """The attributes new with every call: timings, sequence number, bandwidths."""
+    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)]
+    extra = rec[R.EXTRA]
+    if extra:
+        for i in range(0, len(extra), 2):
+            if extra[i] == "wait_ns":
+                dynamic.append((n.FUNCOL_WAIT_S, extra[i + 1] / 1e9))
     if rec[R.SEQ] is not None:
         dynamic.append((n.COLL_SEQ, rec[R.SEQ]))
-    size = gi.size
-    if kind != bw.BARRIER and size > 0:
-        alg = bw.algbw_gbps(nbytes, seconds)
+    if rec[R.KIND] != bw.BARRIER and gi.size > 0:
+        alg = bw.algbw_gbps(rec[R.NBYTES], seconds)
         if alg is not None:
             dynamic.append((n.COLL_ALGBW, alg))
-            dynamic.append((n.COLL_BUSBW, alg * bw.bus_factor(kind, size)))
-    return tuple(static), dynamic
+            dynamic.append((n.COLL_BUSBW, alg * bw.bus_factor(rec[R.KIND], gi.size)))
+    return dynamic
+
+
+# Call site -> its group's and static attributes as one Block (encoded once by the OTLP encoders).
+_sites: dict[tuple, Block] = {}
+_SITES_LIMIT = 1 << 14
+
+
+def site_block(rec: tuple, gi: Any) -> Block:
+    ctx = rec[R.CTX]
+    extra = rec[R.EXTRA]
+    block = key = None
+    if not (extra and "wait_ns" in extra):
+        # Every field static_attributes reads; not the context's parent ids, which change every step.
+        key = (rec[:4], rec[7:18], extra, rec[R.BWD], ctx and (ctx[0], ctx[1], ctx[2], ctx[5]))
+        try:
+            block = _sites.get(key)
+        except TypeError:  # an unhashable value in the record: build it every time
+            key = None
+    if block is None:
+        block = Block(group_attributes(gi) + tuple(static_attributes(rec, gi)))
+        if key is not None:
+            if len(_sites) >= _SITES_LIMIT:
+                _sites.clear()
+            _sites[key] = block
+    return block
 
 
 _FRAMEWORK_OF_SOURCE = {"funcol": "funcol", "deep": "compiled"}
@@ -167,7 +198,6 @@ def collective_span(
 ) -> SpanData:
     start = rec[R.T_START] + offset_ns
     end = (rec[R.T_END] or rec[R.T_START]) + offset_ns
-    static, dynamic = collective_attributes(rec, gi, seconds)
     span = SpanData(
         name=rec[R.OP],
         trace_id=trace_id,
@@ -175,8 +205,8 @@ def collective_span(
         parent_span_id=parent_span_id,
         start_ns=start,
         end_ns=max(end, start),
-        attributes=dynamic,
-        shared=(group_attributes(gi), static),
+        attributes=dynamic_attributes(rec, gi, seconds),
+        shared=(site_block(rec, gi),),
         sampled=sampled,
     )
     error = rec[R.ERROR]
