@@ -21,12 +21,17 @@ _dropped: Counter[str] = Counter()
 _logged: set[str] = set()
 
 
-def error(kind: str, message: str, exc: BaseException | None = None) -> None:
-    """Count an internal failure of ``kind``; log it the first time only."""
+def error(kind: str, message: str, exc: BaseException | None = None, *, quiet: bool = False) -> None:
+    """Count an internal failure of ``kind``; log it the first time only.
+
+    ``quiet=True`` only counts: for callers that say it better themselves (the OTLP and file sinks log the
+    first failure and the recovery of each destination), so one failure is not reported twice.
+    """
     with _lock:
         _errors[kind] += 1
-        first = kind not in _logged
-        _logged.add(kind)
+        first = not quiet and kind not in _logged
+        if not quiet:
+            _logged.add(kind)
     if first:
         log.warning(
             "otel-torchdist: %s (%s%s); training continues, further %s errors are only counted",

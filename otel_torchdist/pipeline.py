@@ -60,6 +60,12 @@ class Pipeline:
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
         self._export_lock = threading.Lock()
+        # Export calls stuck on a backend that never answers: a flush that waited one out does not wait for
+        # it again (``_take_export_lock``), and the spans it holds are counted as dropped at stop.
+        self._export_turn = 0  # incremented by every holder of _export_lock
+        self._abandoned_turn = -1
+        self._in_flight = 0  # spans inside the export call now running; None once stop() counted them
+        self._in_flight_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._last_metrics = time.monotonic()
         self._last_spans = time.monotonic()
@@ -110,10 +116,14 @@ class Pipeline:
         self._stop.set()
         self._wake.set()
         for t in self._threads:
-            t.join(max(0.0, min(1.0, deadline - time.monotonic())))
+            stuck = t.name == "otel-torchdist-export" and self._abandoned_turn == self._export_turn
+            t.join(0.0 if stuck else max(0.0, min(1.0, deadline - time.monotonic())))
         self._threads.clear()
         ok = self.flush(max(0.0, deadline - time.monotonic()))
         left = self._clear_spans()
+        with self._in_flight_lock:
+            left += self._in_flight or 0  # an export call still stuck: its spans are lost with the process
+            self._in_flight = None
         if left:
             health.dropped("span", left)  # out of time: what is left is lost, and counted
         for sink in {id(s): s for s in self.span_sinks + self.metric_sinks}.values():
@@ -267,7 +277,7 @@ class Pipeline:
         """Send queued spans in batches until the queue is empty or ``deadline`` (monotonic) passes."""
         ok = True
         # Bounded: the export thread may hold the lock, stuck on a slow backend for its own timeout.
-        if not self._export_lock.acquire(timeout=max(deadline - time.monotonic(), 0.0)):
+        if not self._take_export_lock(deadline - time.monotonic()):
             return False
         try:
             while self.resource is not None and self.encoded:
@@ -279,13 +289,34 @@ class Pipeline:
                     return False
                 batch = {fmt: [queue.popleft() for _ in range(count)] for fmt, queue in self.encoded.items()}
                 for sink in self.span_sinks:
-                    if not sink.export_span_fragments(self.resource, batch[sink.span_format], timeout=remaining):
+                    with self._in_flight_lock:
+                        if self._in_flight is None:  # stopped: counted there
+                            return False
+                        self._in_flight = count
+                    sent = sink.export_span_fragments(self.resource, batch[sink.span_format], timeout=remaining)
+                    with self._in_flight_lock:
+                        counted = self._in_flight is None
+                        if not counted:
+                            self._in_flight = 0
+                    if not sent and not counted:
                         health.dropped("span", count)
                         health.dropped("span_batch")
-                        ok = False
+                    ok = ok and sent
         finally:
             self._export_lock.release()
         return ok
+
+    def _take_export_lock(self, timeout: float) -> bool:
+        """The export lock within ``timeout`` seconds; without waiting while its holder is an export call a
+        flush already waited out (stuck on a backend that never answers), so the flushes of
+        destroy_process_group() and of process exit do not add up behind the same stuck call."""
+        if self._abandoned_turn == self._export_turn:
+            timeout = 0.0
+        if self._export_lock.acquire(timeout=max(timeout, 0.0)):
+            self._export_turn += 1
+            return True
+        self._abandoned_turn = self._export_turn
+        return False
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
@@ -312,7 +343,7 @@ class Pipeline:
             return True
         ok = True
         deadline = time.monotonic() + timeout
-        if not self._export_lock.acquire(timeout=timeout):
+        if not self._take_export_lock(timeout):
             return False
         try:
             data = self.metric_data()

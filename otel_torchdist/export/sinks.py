@@ -65,7 +65,7 @@ class _FailureLog:
 
     def failed(self, reason: str) -> None:
         self.failures += 1
-        health.error("export", f"exporting {self.what} failed: {reason}")
+        health.error("export", f"exporting {self.what} failed: {reason}", quiet=True)  # logged just below
         if not self.failing:
             self.failing = True
             _log.warning("otel-torchdist: exporting %s is failing (%s); batches are dropped and counted", self.what, reason)
@@ -162,6 +162,15 @@ class ConsoleSink(Sink):
 
 
 # ---------------------------------------------------------------------------------------------- OTLP
+def _redacted(url: str) -> str:
+    """``url`` fit for a log line: a password in its user part (``https://user:token@host``) is masked."""
+    parsed = urllib.parse.urlsplit(url)
+    if parsed.password is None:
+        return url
+    netloc = f"{parsed.username}:***@" + parsed.netloc.rpartition("@")[2]
+    return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
+
+
 def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path: str) -> str:
     """Per the spec: a signal-specific endpoint is used as is; the generic one gets ``/v1/<signal>`` (HTTP)."""
     if specific:
@@ -194,18 +203,21 @@ class OtlpHttpSink(Sink):
         self.timeout = cfg.timeout
         self.gzip = cfg.compression == "gzip"
         self.session = requests.Session()
-        if cfg.certificate:
-            self.session.verify = cfg.certificate
-        if cfg.client_certificate and cfg.client_key:
-            self.session.cert = (cfg.client_certificate, cfg.client_key)
-        self._failures = _FailureLog(f"{signal} to {self.url}")
+        # Passed with every request, not set on the session: requests lets REQUESTS_CA_BUNDLE /
+        # CURL_CA_BUNDLE override a session's ``verify`` (psf/requests#3829), which would silently replace
+        # OTEL_EXPORTER_OTLP_CERTIFICATE on machines that set those variables.
+        self.verify: str | bool = cfg.certificate or True
+        self.cert = (cfg.client_certificate, cfg.client_key) if cfg.client_certificate and cfg.client_key else None
+        self._failures = _FailureLog(f"{signal} to {_redacted(self.url)}")
 
     def _post(self, body: bytes, timeout: float | None) -> bool:
         if self.gzip:
             body = gzip.compress(body)
         timeout = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
-            resp = self.session.post(self.url, data=body, headers=self.headers, timeout=timeout)
+            resp = self.session.post(
+                self.url, data=body, headers=self.headers, timeout=timeout, verify=self.verify, cert=self.cert
+            )
         except Exception as exc:
             self._failures.failed(f"{type(exc).__name__}: {exc}")
             return False
@@ -236,7 +248,7 @@ class OtlpHttpSink(Sink):
             pass
 
     def describe(self) -> str:
-        return f"OTLP/{'JSON' if self.json else 'protobuf'} over HTTP to {self.url}"
+        return f"OTLP/{'JSON' if self.json else 'protobuf'} over HTTP to {_redacted(self.url)}"
 
 
 class OtlpGrpcSink(Sink):
@@ -244,28 +256,45 @@ class OtlpGrpcSink(Sink):
 
     def __init__(self, cfg: Config, signal: str) -> None:
         import grpc
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
-        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         self.signal = signal
         self.span_format = "pb" if signal == "traces" else None
         specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
         url = _signal_endpoint(cfg.endpoint, specific, "grpc", "")
         parsed = urllib.parse.urlparse(url)
-        self.target = parsed.netloc or parsed.path
+        # A user part (user:password@) is no part of a gRPC target; it would only end up in log lines.
+        self.target = (parsed.netloc or parsed.path).rpartition("@")[2]
         insecure = cfg.insecure if cfg.insecure is not None else parsed.scheme == "http"
         if parsed.scheme == "https":
             insecure = False
-        compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
-        if insecure:
-            self.channel = grpc.insecure_channel(self.target, compression=compression)
-        else:
+        self._compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
+        self._credentials = None
+        if not insecure:
             root = _read(cfg.certificate)
             key = _read(cfg.client_key)
             chain = _read(cfg.client_certificate)
-            creds = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
-            self.channel = grpc.secure_channel(self.target, creds, compression=compression)
-        if signal == "traces":
+            self._credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
+        self._reconnect = False
+        self._shut_down = False
+        self._connect()
+        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
+        self.metadata = tuple((k.lower(), v) for k, v in headers.items())
+        self.timeout = cfg.timeout
+        self.insecure = insecure
+        self._failures = _FailureLog(f"{signal} to grpc://{self.target}")
+
+    def _connect(self) -> None:
+        import grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
+
+        # A channel of its own subchannels: a new channel must really reconnect (see _call).
+        options = [("grpc.use_local_subchannel_pool", 1)]
+        if self._credentials is None:
+            self.channel = grpc.insecure_channel(self.target, options=options, compression=self._compression)
+        else:
+            self.channel = grpc.secure_channel(self.target, self._credentials, options=options, compression=self._compression)
+        if self.signal == "traces":
             # Spans arrive already serialized (otlp.spans_to_proto): send the bytes as they are.
             self.export_call = self.channel.unary_unary(
                 "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
@@ -274,15 +303,18 @@ class OtlpGrpcSink(Sink):
             )
         else:
             self.export_call = metrics_service_pb2_grpc.MetricsServiceStub(self.channel).Export
-        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
-        self.metadata = tuple((k.lower(), v) for k, v in headers.items())
-        self.timeout = cfg.timeout
-        self.insecure = insecure
-        self._failures = _FailureLog(f"{signal} to grpc://{self.target}")
 
     def _call(self, request, timeout: float | None) -> bool:
         timeout = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
+            if self._reconnect and not self._shut_down:
+                # After UNAVAILABLE the channel waits out gRPC's reconnect backoff (up to 120 s) and fails
+                # every call meanwhile, so a collector that came back would lose everything sent in that
+                # window. A fresh channel connects at once, as the HTTP sink does on every request.
+                self._reconnect = False
+                old = self.channel
+                self._connect()
+                old.close()
             self.export_call(request, metadata=self.metadata, timeout=timeout)
         except Exception as exc:
             code = getattr(exc, "code", None)
@@ -290,6 +322,12 @@ class OtlpGrpcSink(Sink):
             details = getattr(exc, "details", None)
             if callable(details):
                 reason += f": {details()}"
+            # Unreachable: reconnect on the next call. Not after a failed TLS handshake: the collector is up,
+            # the configuration is wrong, and every new handshake would only add a line to gRPC's own log.
+            if reason.startswith("UNAVAILABLE") and "handshake" not in reason.lower():
+                self._reconnect = True
+            if self._shut_down:
+                reason += " (abandoned: the exporter was shut down while this call was waiting)"
             self._failures.failed(reason)
             return False
         self._failures.succeeded()
@@ -306,8 +344,9 @@ class OtlpGrpcSink(Sink):
         return self._call(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns), timeout)
 
     def shutdown(self) -> None:
+        self._shut_down = True
         try:
-            self.channel.close()
+            self.channel.close()  # also ends a call still waiting on a backend that never answers
         except Exception:
             pass
 
