@@ -28,16 +28,28 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
-def _loop(calls: int, chunk: int, t: torch.Tensor, between=None) -> tuple[float, float]:
-    """Microseconds per call on the calling thread, and per call spent in ``between`` (untimed work)."""
+def _loop(calls: int, chunk: int, t: torch.Tensor, between=None, step_every: int = 0) -> tuple[float, float]:
+    """Microseconds per call on the calling thread, and per call spent in ``between`` (untimed work).
+    ``step_every``: mark a training step every that many calls (otel_torchdist.step_end / step_begin, which
+    cost nothing uninstrumented), so the default step sampling applies."""
+    import otel_torchdist
+
     all_reduce = dist.all_reduce
+    step_end, step_begin = otel_torchdist.step_end, otel_torchdist.step_begin
     timed = other = 0
     done = 0
     while done < calls:
         n = min(chunk, calls - done)
         start = time.perf_counter_ns()
-        for _ in range(n):
-            all_reduce(t)
+        if step_every:
+            for i in range(n):
+                all_reduce(t)
+                if i % step_every == 0:
+                    step_end()
+                    step_begin()
+        else:
+            for _ in range(n):
+                all_reduce(t)
         timed += time.perf_counter_ns() - start
         done += n
         if between is not None:
@@ -45,6 +57,9 @@ def _loop(calls: int, chunk: int, t: torch.Tensor, between=None) -> tuple[float,
             between()
             other += time.perf_counter_ns() - start
     return timed / calls / 1e3, other / calls / 1e3
+
+
+STEP = 20  # collectives per training step in the default-sampling variant
 
 
 def _on_other_thread(fn) -> None:
@@ -70,17 +85,22 @@ def main(argv: list[str] | None = None) -> int:
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
     t = torch.ones(1024)
     folder = tempfile.mkdtemp(prefix="otel-torchdist-bench-")
-    plain: list[float] = []
-    hot: dict[str, list[float]] = {"always_on": [], "always_off": []}
-    deferred: dict[str, list[float]] = {"always_on": [], "always_off": []}
+    variants = {
+        # name: (options, steps marked every N calls)
+        "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
+        "default": ({}, STEP),
+        "always_off": ({"traces_sampler": "always_off"}, 0),
+    }
+    plain: dict[str, list[float]] = {v: [] for v in variants}
+    hot: dict[str, list[float]] = {v: [] for v in variants}
+    deferred: dict[str, list[float]] = {v: [] for v in variants}
     _loop(2000, 2000, t)  # warm-up
     for _ in range(args.repeats):
-        for sampler in ("always_on", "always_off"):
-            plain.append(_loop(args.calls, args.chunk, t, lambda: None)[0])
+        for variant, (options, step_every) in variants.items():
+            plain[variant].append(_loop(args.calls, args.chunk, t, lambda: None, step_every)[0])
             otel_torchdist.instrument(
                 run_dir=folder,
-                run_id=f"bench-{sampler}",
-                traces_sampler=sampler,
+                run_id=f"bench-{variant}",
                 metrics_exporter=("file",),
                 traces_exporter="file",
                 drain_interval=3600.0,  # hold the background thread back while the loop is timed
@@ -88,14 +108,18 @@ def main(argv: list[str] | None = None) -> int:
                 span_queue_size=args.calls,
                 max_queued_records=args.calls,
                 summary="none",
+                system_metrics=False,
+                straggler_exchange_steps=0,
+                **options,
             )
             pipeline = runtime.current().pipeline
-            on_thread, drained = _loop(args.calls, args.chunk, t, lambda: _on_other_thread(lambda: pipeline.flush(600)))
-            hot[sampler].append(on_thread)
+            flush = lambda: _on_other_thread(lambda: pipeline.flush(600))  # noqa: E731
+            on_thread, drained = _loop(args.calls, args.chunk, t, flush, step_every)
+            hot[variant].append(on_thread)
             start = time.perf_counter_ns()
             runtime.current().flush(600)
             exported = (time.perf_counter_ns() - start) / args.calls / 1e3
-            deferred[sampler].append(drained + exported)
+            deferred[variant].append(drained + exported)
             otel_torchdist.uninstrument()
     dist.destroy_process_group()
 
@@ -105,18 +129,23 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# fake backend, 1024-element all_reduce, {args.calls} calls x {args.repeats} rounds, drained every {args.chunk}")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}")
     print(f"{'variant':<52} {'median':>8} {'min':>8} {'max':>8}   (us per collective)")
-    print(f"{'plain dist.all_reduce':<52} {stats(plain)}")
-    print(f"{'instrumented, hot path (training thread)':<52} {stats(hot['always_on'] + hot['always_off'])}")
-    on, off = statistics.median(hot["always_on"]), statistics.median(hot["always_off"])
-    print(f"{'  median in rounds traced 100% / not traced':<52} {on:8.2f} {off:8.2f}")
-    pairs = list(zip(plain, [x for pair in zip(hot["always_on"], hot["always_off"]) for x in pair]))
-    added = [h - p for p, h in pairs]
-    print(f"{'added on the training thread':<52} {stats(added)}")
-    print(f"{'deferred: metrics + span + OTLP/JSON file, 100% traced':<52} {stats(deferred['always_on'])}")
-    print(f"{'deferred: metrics only (sampler always_off)':<52} {stats(deferred['always_off'])}")
-    med_added = statistics.median(added)
-    print(f"{'whole CPU cost, 100% traced (median sum)':<52} {med_added + statistics.median(deferred['always_on']):8.2f}")
-    print(f"{'whole CPU cost, not traced (median sum)':<52} {med_added + statistics.median(deferred['always_off']):8.2f}")
+    labels = {
+        "always_on": "100% traced",
+        "default": f"default sampling, a step every {STEP} calls",
+        "always_off": "metrics only (sampler always_off)",
+    }
+    whole = {}
+    for variant, label in labels.items():
+        added = [h - p for p, h in zip(plain[variant], hot[variant])]
+        print(f"{label}:")
+        print(f"{'  plain dist.all_reduce':<52} {stats(plain[variant])}")
+        print(f"{'  instrumented, training thread':<52} {stats(hot[variant])}")
+        print(f"{'  added on the training thread':<52} {stats(added)}")
+        print(f"{'  deferred: metrics, spans, OTLP/JSON file':<52} {stats(deferred[variant])}")
+        whole[label] = statistics.median(added) + statistics.median(deferred[variant])
+    print("whole CPU cost per collective (median added + median deferred):")
+    for label, value in whole.items():
+        print(f"  {label:<50} {value:8.2f}")
     return 0
 
 

@@ -33,6 +33,11 @@ from .spans import collective_span, duration_seconds, new_trace_id
 from .steps import Intervals
 
 _log = logging.getLogger("otel_torchdist")
+_BY_ID = groups.BY_ID
+_GROUP, _GPU_NS, _T_START, _T_END, _NBYTES, _KIND = R.GROUP, R.GPU_NS, R.T_START, R.T_END, R.NBYTES, R.KIND
+_STEPCTX, _PARENT, _CTX, _OP, _ERROR, _SEQ, _END = R.STEPCTX, R.PARENT, R.CTX, R.OP, R.ERROR, R.SEQ, R.END
+_END_UNFINISHED = n.END_UNFINISHED
+_bus_factors: dict[tuple[str, int], float] = {}
 
 
 class Pipeline:
@@ -170,12 +175,24 @@ class Pipeline:
         return count
 
     def process(self, rec: tuple) -> None:
-        gi = groups.BY_ID[rec[R.GROUP]]
-        seconds = duration_seconds(rec)
-        nbytes = rec[R.NBYTES]
-        bus = nbytes * bw.bus_factor(rec[R.KIND], gi.size) if gi.size > 0 else 0.0
-        trace_id, parent_span_id, sampled = self._parent_of(rec)
-        step = rec[R.STEPCTX]
+        # Runs for every collective: locals and inlined lookups, the common case first.
+        gi = _BY_ID[rec[_GROUP]]
+        gpu_ns = rec[_GPU_NS]
+        if gpu_ns is not None:
+            seconds = gpu_ns / 1e9
+        else:
+            elapsed = rec[_T_END] - rec[_T_START]
+            seconds = elapsed / 1e9 if elapsed > 0 else 0.0
+        nbytes = rec[_NBYTES]
+        kind = rec[_KIND]
+        factor = _bus_factors.get((kind, gi.size))
+        if factor is None:
+            factor = _bus_factors[(kind, gi.size)] = bw.bus_factor(kind, gi.size) if gi.size > 0 else 0.0
+        step = rec[_STEPCTX]
+        if rec[_PARENT] is None and rec[_CTX] is None and step is not None:
+            trace_id, parent_span_id, sampled = step[1], step[2], step[3]
+        else:
+            trace_id, parent_span_id, sampled = self.parent_of(rec[_PARENT], rec[_CTX], step)
         in_step = 0
         if step is not None:
             stats = self.step_stats.get(step[0])
@@ -183,7 +200,7 @@ class Pipeline:
                 if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
                     del self.step_stats[next(iter(self.step_stats))]
                 stats = self.step_stats[step[0]] = [Intervals(), 0, 0]
-            stats[0].append((rec[R.T_START], rec[R.T_END]))
+            stats[0].append((rec[_T_START], rec[_T_END]))
             stats[1] += 1
             stats[2] += nbytes
             in_step = stats[1]
@@ -208,9 +225,9 @@ class Pipeline:
                     self._wake.set()  # a full batch: let the exporter send it while we go on draining
             else:
                 health.dropped("span")
-        self.store.observe(rec[R.OP], gi.label, seconds, nbytes, bus, rec[R.ERROR] is not None, exemplar)
-        seq = rec[R.SEQ]
-        if seq is not None and rec[R.END] != n.END_UNFINISHED and seq > gi.last_completed:
+        self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, rec[_ERROR] is not None, exemplar)
+        seq = rec[_SEQ]
+        if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED:
             gi.last_completed = seq
 
     def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:

@@ -276,14 +276,24 @@ def patches() -> list[Patch]:
     ]
 
 
+def _subclasses(cls: type) -> list[type]:
+    out = [cls]
+    for sub in cls.__subclasses__():
+        out += _subclasses(sub)
+    return out
+
+
 def adopt_existing() -> None:
     """DDP models built before instrument(): give them the trampoline if they have no hook yet."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     if not (dist.is_available() and dist.is_initialized()):
         return  # no process group yet, so no DDP either
-    for obj in gc.get_objects():
-        if issubclass(type(obj), DDP) and obj not in _state:  # type(): isinstance would poke proxies
+    classes = _subclasses(DDP)
+    # An instance refers to its class (tp_traverse of heap types): the collector finds them in C, ~7x
+    # faster than walking gc.get_objects() in Python, which took 0.25 s per 3 million objects.
+    for obj in gc.get_referrers(*classes):
+        if type(obj) in classes and obj not in _state:
             try:
                 if obj._get_ddp_logging_data().get("comm_hook"):
                     continue  # the user's own hook is registered; the reducer accepts no other
