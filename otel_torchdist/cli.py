@@ -1,9 +1,25 @@
-"""The ``otel-torchdist`` command."""
+"""The ``otel-torchdist`` command: run the demo, and analyze, compare, plot and export runs.
+
+Each subcommand is a thin layer over :mod:`otel_torchdist.analysis`: load the run, build the tables, render
+them. Exit status: 0 when something was produced (even if parts of the input had to be skipped: they are
+listed), 1 when the input holds nothing usable, 2 for a command line that does not parse.
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
+
+RUN_HELP = (
+    "A run folder (<run_dir>/<run id>, holding every rank's traces.rank<R>.jsonl and metrics.rank<R>.jsonl), "
+    "or an OTLP/JSON trace file such as one downloaded from Jaeger."
+)
+NOISE_HELP = (
+    "How much detail to show, as CommDebugMode's noise_level: 0 the tables, 1 adds sharding spans, every "
+    "rank and every step, 2 adds per-op detail per module, per rank and per message size (default 0)."
+)
 
 
 def _positive(flag: str):
@@ -19,29 +35,57 @@ def _positive(flag: str):
     return parse
 
 
+def _noise(raw: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--noise-level takes 0, 1 or 2, got {raw!r}") from None
+    if value not in (0, 1, 2):
+        raise argparse.ArgumentTypeError(f"--noise-level takes 0, 1 or 2, got {value}")
+    return value
+
+
+def _step(raw: str) -> int:
+    try:
+        return int(raw)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--step takes a step number, got {raw!r}") from None
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="otel-torchdist",
-        description="Observe distributed PyTorch training with OpenTelemetry: run the demo, and more to come.",
+        description=(
+            "Observe distributed PyTorch training with OpenTelemetry. Run the demo to see it work, then analyze, "
+            "compare, plot or export any run folder that otel_torchdist.instrument() wrote."
+        ),
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+
     demo = sub.add_parser(
         "demo",
-        help="Run a small instrumented multi-rank training on this machine and show where its telemetry went.",
+        help="Run a small instrumented multi-rank training on this machine and show what its telemetry says.",
         description=(
-            "Start --nproc ranks on this machine (gloo on CPU, NCCL when every rank has a GPU), train a small "
-            "model with DistributedDataParallel for --steps steps with otel-torchdist instrumenting every "
-            "collective, then print rank 0's summary and the run folder holding every rank's traces and "
-            "metrics. Set OTEL_EXPORTER_OTLP_ENDPOINT to send them to a collector instead."
+            "Start --nproc ranks on this machine (gloo on CPU, NCCL when every rank has a GPU) and train small "
+            "models for --steps steps with otel-torchdist instrumenting every collective: DistributedDataParallel, "
+            "FSDP2 (fully_shard), tensor parallel (ColwiseParallel/RowwiseParallel on a device mesh), each with its "
+            "optimizer. The demo ends with the analysis of every rank's telemetry and where it went: the run "
+            "folder, or the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is set (metrics then also go to the "
+            "run folder, for the analysis)."
         ),
     )
     demo.add_argument("--nproc", type=_positive("--nproc"), default=2, help="Number of ranks to start (default 2).")
-    demo.add_argument("--steps", type=_positive("--steps"), default=20, help="Training steps per rank (default 20).")
+    demo.add_argument(
+        "--steps", type=_positive("--steps"), default=20, help="Training steps per model (default 20)."
+    )
     demo.add_argument(
         "--model",
-        choices=("ddp",),
-        default="ddp",
-        help="Which parallelism to train with (default ddp).",
+        choices=("ddp", "fsdp", "tp", "all"),
+        default="all",
+        help=(
+            "Which parallelism to train with: ddp, fsdp (FSDP2), tp (tensor parallel), or all three in sequence "
+            "in the same run (default all: on two CPU cores it takes about as long as ddp alone)."
+        ),
     )
     demo.add_argument(
         "--run-dir",
@@ -54,19 +98,181 @@ def build_parser() -> argparse.ArgumentParser:
         default=None,
         help="Process group backend (default: nccl when every rank has a GPU, else gloo).",
     )
+
+    analyze = sub.add_parser(
+        "analyze",
+        help="Print every table of a run: per op, per module and phase, stragglers, steps, hangs.",
+        description=(
+            "Read every rank's telemetry in RUN and print: collectives per op (count, message size, total, mean, "
+            "p50 and p99 latency, nccl-tests' algbw and busbw, bytes-weighted); collectives per module and phase "
+            "as CommDebugMode counts them; a per-rank straggler table (arrival skew at collectives matched across "
+            "ranks by group and sequence number, compute and wait per step, a score, the slowest rank named); "
+            "communication against compute per step with the overlap where it is measurable; and a hang report "
+            "(each group's last started and completed sequence numbers per rank, collective.hang spans, the ranks "
+            "that never arrived). Every table says whether it comes from the metrics (every call) or the traces "
+            "(sampled steps). Unusable lines are skipped and listed."
+        ),
+    )
+    analyze.add_argument("run", metavar="RUN", help=RUN_HELP)
+    analyze.add_argument(
+        "--json", action="store_true", help="Print the same tables as one JSON document (typed, versioned records)."
+    )
+    analyze.add_argument("--noise-level", type=_noise, default=0, metavar="{0,1,2}", help=NOISE_HELP)
+
+    compare = sub.add_parser(
+        "compare",
+        help="Compare two runs: step time, throughput, speedup, scaling efficiency, per-op bandwidth.",
+        description=(
+            "Measure RUN_B against RUN_A (the baseline): step time, throughput, the speedup, and for runs with "
+            "different world sizes the strong-scaling and weak-scaling efficiency with the arithmetic written out, "
+            "then each op's bus bandwidth in both runs and its change."
+        ),
+    )
+    compare.add_argument("run_a", metavar="RUN_A", help="The baseline run. " + RUN_HELP)
+    compare.add_argument("run_b", metavar="RUN_B", help="The run to measure against it, in the same forms.")
+    compare.add_argument("--json", action="store_true", help="Print the comparison as one JSON document.")
+
+    plot = sub.add_parser(
+        "plot",
+        help="Draw PNG charts of a run: a step's timeline, busbw by size, step heat map, GPU utilization.",
+        description=(
+            "Write PNG charts of RUN into the folder given with -o: timeline.png (every rank's timeline of one "
+            "traced step), busbw_by_size.png (bus bandwidth per op by message size), step_heatmap.png (step time "
+            "and collective wait per rank and step) and gpu_utilization.png (when the run has GPU metrics; "
+            "otherwise it says so and skips that chart)."
+        ),
+    )
+    plot.add_argument("run", metavar="RUN", help=RUN_HELP)
+    plot.add_argument("-o", "--output", required=True, metavar="DIR", help="Folder to write the PNG files to (created if needed).")
+    plot.add_argument(
+        "--step", type=_step, default=None, help="The traced step to draw the timeline of (default: the median one)."
+    )
+
+    export = sub.add_parser(
+        "export",
+        help="Convert a run to a Chrome/Perfetto trace (one track per rank).",
+        description=(
+            "Write RUN as a Trace Event Format JSON file for ui.perfetto.dev or chrome://tracing: one process track "
+            "per rank, its steps, phases, optimizer steps and blocking collectives on the training thread, async "
+            "collectives and sharding spans as async slices beside them."
+        ),
+    )
+    export.add_argument("run", metavar="RUN", help=RUN_HELP)
+    export.add_argument("--perfetto", metavar="OUT.json", help="Write the Chrome/Perfetto trace to this file.")
     return parser
+
+
+class _Failed(Exception):
+    """Nothing usable: print the message, exit 1."""
+
+
+def _analyze_or_fail(path: str, noise_level: int = 0):
+    from .analysis import RunNotFound, analyze_path
+
+    try:
+        return analyze_path(path, noise_level=noise_level)
+    except RunNotFound as exc:
+        raise _Failed(str(exc)) from None
+
+
+def _print_json(data) -> None:
+    json.dump(data, sys.stdout, indent=1)
+    sys.stdout.write("\n")
+
+
+def cmd_demo(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .demo import DemoArgs, run
+
+    try:
+        run(DemoArgs(nproc=args.nproc, steps=args.steps, model=args.model, run_dir=args.run_dir, backend=args.backend))
+    except ValueError as exc:
+        parser.error(str(exc))
+    return 0
+
+
+def cmd_analyze(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .analysis import render_text, to_data
+
+    report = _analyze_or_fail(args.run, args.noise_level)
+    if args.json:
+        _print_json(to_data(report))
+    else:
+        print(render_text.render(report))
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .analysis import render_text, to_data
+    from .analysis.compare import compare
+
+    a = _analyze_or_fail(args.run_a)
+    b = _analyze_or_fail(args.run_b)
+    result = compare(a, b)
+    if args.json:
+        _print_json(to_data(result))
+    else:
+        print(render_text.compare(result))
+    return 0
+
+
+def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .analysis.plot import StepNotTraced, plot_run
+
+    if os.path.exists(args.output) and not os.path.isdir(args.output):
+        parser.error(f"-o/--output must be a folder, and {args.output} is a file")
+    report = _analyze_or_fail(args.run, noise_level=1)
+    try:
+        result = plot_run(args.run, args.output, report, step=args.step)
+    except StepNotTraced as exc:
+        parser.error(str(exc))
+    for path in result.written:
+        print(f"wrote {path}" + (f" (step {result.step})" if path.endswith("timeline.png") else ""))
+    for why in result.skipped:
+        print(f"skipped {why}")
+    return 0 if result.written else 1
+
+
+def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .analysis import RunNotFound
+    from .analysis.perfetto import export
+
+    if not args.perfetto:
+        parser.error("export needs --perfetto OUT.json (the only export format so far)")
+    try:
+        result = export(args.run, args.perfetto)
+    except RunNotFound as exc:
+        raise _Failed(str(exc)) from None
+    for p in result.problems[:10]:
+        print(f"skipped: {p}", file=sys.stderr)
+    if not result.slices:
+        os.remove(args.perfetto)
+        raise _Failed(f"{args.run} holds no spans to export (metrics only?): {args.perfetto} not written")
+    print(
+        f"wrote {args.perfetto}: {result.slices} slices of {len(result.ranks)} rank{'s' if len(result.ranks) != 1 else ''} "
+        f"(one track per rank); open it at https://ui.perfetto.dev"
+    )
+    return 0
+
+
+COMMANDS = {"demo": cmd_demo, "analyze": cmd_analyze, "compare": cmd_compare, "plot": cmd_plot, "export": cmd_export}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        from .demo import DemoArgs, run
-
-        run(DemoArgs(nproc=args.nproc, steps=args.steps, model=args.model, run_dir=args.run_dir, backend=args.backend))
+    command = COMMANDS.get(args.command)
+    if command is None:
+        parser.print_help(sys.stderr)
+        return 2
+    sub = parser._subparsers._group_actions[0].choices[args.command]  # type: ignore[union-attr]
+    try:
+        return command(args, sub)
+    except _Failed as exc:
+        print(f"otel-torchdist {args.command}: error: {exc}", file=sys.stderr)
+        return 1
+    except BrokenPipeError:  # `otel-torchdist analyze RUN | head`
+        sys.stderr.close()
         return 0
-    parser.print_help(sys.stderr)
-    return 2
 
 
 if __name__ == "__main__":

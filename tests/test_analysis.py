@@ -1,0 +1,408 @@
+"""The analysis builders on synthetic records: numbers checked against formulas computed here.
+
+No processes, no files except where the loader itself is under test: these are the fast tests of
+``otel_torchdist.analysis``; ``test_cli.py`` runs the command on real runs.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+import statistics
+
+import pytest
+
+from otel_torchdist import names as n
+from otel_torchdist.analysis import builders, loader, report
+from otel_torchdist.analysis.compare import compare
+from otel_torchdist.analysis.records import (
+    Collective,
+    Hang,
+    Histogram,
+    MetricPoint,
+    MetricSnapshot,
+    Problem,
+    RankResource,
+    RankStep,
+    Span,
+)
+from otel_torchdist.analysis.stats import Sketch, histogram_quantile, kind_of
+
+MS = 1_000_000  # ns
+
+
+def coll(rank, *, op="all_reduce", kind="all_reduce", size=1 << 20, dur=0.001, start=0, seq=1, n_ranks=4,
+         group="default_pg", group_name="0", trace="t1", **kw) -> Collective:
+    return Collective(
+        rank=rank, op=op, kind=kind, group=group, group_name=group_name, group_size=n_ranks,
+        group_ranks=tuple(range(n_ranks)), seq=seq, message_size=size, start_ns=start,
+        end_ns=start + int(dur * 1e9), duration_s=dur, trace_id=trace, **kw,
+    )
+
+
+def rank_step(rank, step, *, dur, compute, wait, start=0, trace=None) -> RankStep:
+    return RankStep(
+        rank=rank, step=step, trace_id=trace or f"trace{step}", span_id=f"s{rank}{step}", start_ns=start,
+        end_ns=start + int(dur * 1e9), duration_s=dur, compute_s=compute, wait_s=wait,
+    )
+
+
+def resources(world: int) -> list[RankResource]:
+    return [RankResource(rank=r, world_size=world, run_id="synthetic", backend="gloo") for r in range(world)]
+
+
+# ------------------------------------------------------------------------------------ bandwidth
+def test_busbw_is_bytes_weighted_with_nccl_tests_bus_factor():
+    rng = random.Random(3)
+    records = list(resources(4))
+    sizes, times = [], []
+    for rank in range(4):
+        for i in range(50):
+            s, t = rng.choice([1 << 10, 1 << 16, 1 << 22]), rng.uniform(1e-4, 5e-3)
+            sizes.append(s)
+            times.append(t)
+            records.append(coll(rank, size=s, dur=t, seq=i + 1, start=i * 10 * MS))
+    for rank in range(4):  # an all_gather and a broadcast on the same group
+        records.append(coll(rank, op="all_gather_into_tensor", kind="all_gather", size=4000, dur=0.002, seq=100))
+        records.append(coll(rank, op="broadcast", kind="broadcast", size=8000, dur=0.004, seq=101))
+    rows = {r.op: r for r in builders.ops_table(records).rows}
+
+    ar = rows["all_reduce"]
+    algbw = sum(sizes) / sum(times) / 1e9  # nccl-tests: algbw = S / t, GB/s
+    assert ar.count == 200 and ar.calls_per_rank == 50 and ar.ranks == 4
+    assert ar.algbw_gbps == pytest.approx(algbw)
+    assert ar.busbw_gbps == pytest.approx(algbw * 2 * (4 - 1) / 4)  # all_reduce: 2(n-1)/n
+    assert ar.total_bytes == sum(sizes) and ar.total_s == pytest.approx(sum(times))
+    assert ar.mean_s == pytest.approx(statistics.fmean(times))
+    assert ar.p50_s == pytest.approx(sorted(times)[math.ceil(0.5 * len(times)) - 1], rel=0.01)
+    assert ar.p99_s == pytest.approx(sorted(times)[math.ceil(0.99 * len(times)) - 1], rel=0.01)
+    assert ar.quantiles_from == "spans" and ar.source == "spans"
+    assert rows["all_gather_into_tensor"].busbw_gbps == pytest.approx(4000 / 0.002 / 1e9 * 3 / 4)  # (n-1)/n
+    assert rows["broadcast"].busbw_gbps == pytest.approx(8000 / 0.004 / 1e9)  # factor 1
+    assert [r.op for r in builders.ops_table(records).rows][0] == "all_reduce"  # ordered by total time
+
+
+def _collective_metrics(rank: int, op: str, calls: int, nbytes: int, bus: int, dur_sum: float,
+                        buckets: list[int]) -> MetricSnapshot:
+    labels = {n.M_RUN: "synthetic", n.M_RANK: str(rank), n.M_OP: op, n.M_GROUP: "default_pg"}
+    return MetricSnapshot(
+        rank=rank,
+        time_ns=10,
+        metrics={
+            n.COLLECTIVE_CALLS.name: [MetricPoint(attributes=labels, value=calls)],
+            n.COLLECTIVE_BYTES.name: [MetricPoint(attributes=labels, value=nbytes)],
+            n.COLLECTIVE_BUS_BYTES.name: [MetricPoint(attributes=labels, value=bus)],
+            n.COLLECTIVE_ERRORS.name: [MetricPoint(attributes=labels, value=0)],
+            n.COLLECTIVE_DURATION.name: [
+                MetricPoint(
+                    attributes=labels,
+                    value=Histogram(count=calls, sum=dur_sum, bounds=n.DURATION_BUCKETS, bucket_counts=tuple(buckets)),
+                )
+            ],
+        },
+    )
+
+
+def test_metrics_are_preferred_and_quantiles_come_from_histograms_without_spans():
+    buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
+    i = n.DURATION_BUCKETS.index(1e-3)
+    buckets[i] = 100  # 100 calls between 0.5 ms and 1 ms
+    records = resources(2) + [
+        _collective_metrics(r, "all_reduce", 100, 100 * 4096, 100 * 4096, 0.075, buckets) for r in range(2)
+    ]
+    # rank 0 also traced 3 of its calls: metrics (100 calls) win for the counts
+    records += [coll(0, size=4096, dur=0.001, seq=s, n_ranks=2) for s in (1, 2, 3)]
+    (row,) = builders.ops_table(records).rows
+    assert row.count == 200 and row.source == "metrics"
+    alg = 200 * 4096 / 0.15 / 1e9
+    assert row.algbw_gbps == pytest.approx(alg)
+    assert row.busbw_gbps == pytest.approx(alg * 2 * (2 - 1) / 2)
+    assert row.quantiles_from == "spans"  # the traced calls give exact-ish quantiles
+    only_metrics = [r for r in records if not isinstance(r, Collective)]
+    (row,) = builders.ops_table(only_metrics).rows
+    assert row.quantiles_from == "histogram"
+    assert row.p50_s == pytest.approx(0.5e-3 + 0.5 * 0.5e-3)  # linear inside the (0.5, 1] ms bucket
+    assert row.group_size == 2  # the default group spans the world
+
+
+def test_stale_metrics_lose_to_more_spans():
+    buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
+    records = resources(2) + [_collective_metrics(0, "all_reduce", 1, 4096, 4096, 0.001, buckets)]
+    records += [coll(0, size=4096, dur=0.002, seq=s, n_ranks=2) for s in range(1, 6)]
+    (row,) = builders.ops_table(records).rows
+    assert row.count == 5 and row.source == "spans"
+
+
+def test_kind_by_name_when_no_span_says_it():
+    assert kind_of("reduce_scatter_tensor") == "reduce_scatter"
+    assert kind_of("all_gather_into_tensor_coalesced") == "all_gather"
+    assert kind_of("_broadcast_coalesced") == "broadcast"
+    assert kind_of("batch_isend_irecv") == "send_recv"
+    assert kind_of("monitored_barrier") == "barrier"
+
+
+# -------------------------------------------------------------------------------------- sketches
+def test_sketch_quantiles_within_one_percent():
+    rng = random.Random(7)
+    values = [rng.lognormvariate(-7, 1.5) for _ in range(20000)] + [0.0] * 10
+    sk = Sketch()
+    for v in values:
+        sk.add(v)
+    ordered = sorted(values)
+    for q in (0.01, 0.5, 0.9, 0.99, 1.0):
+        exact = ordered[max(1, math.ceil(q * len(values))) - 1]
+        assert sk.quantile(q) == pytest.approx(exact, rel=0.01)
+    assert len(sk.buckets) < 1000
+
+
+def test_histogram_quantile_interpolates_like_prometheus():
+    bounds = (1.0, 2.0, 4.0)
+    assert histogram_quantile(0.5, bounds, [0, 10, 0, 0]) == pytest.approx(1.5)
+    assert histogram_quantile(0.25, bounds, [10, 10, 0, 0]) == pytest.approx(0.5)
+    assert histogram_quantile(0.99, bounds, [0, 0, 0, 5]) == 4.0  # +Inf bucket: the highest bound
+    assert histogram_quantile(0.5, bounds, [0, 0, 0, 0]) is None
+
+
+# ------------------------------------------------------------------------------------- modules
+def test_module_counts_roll_up_the_hierarchy_like_comm_debug_mode():
+    records = []
+    for rank in range(2):
+        seq = 0
+        for module, phase, count in (("TPMLP.net1", "backward", 1), ("TPMLP.net2", "forward", 2), (None, "optimizer", 3)):
+            for _ in range(count):
+                seq += 1
+                records.append(coll(rank, module=module, phase=phase, seq=seq, n_ranks=2))
+    records.append(Span(rank=0, name=n.SPAN_FULLY_SHARD, trace_id="t", span_id="x", parent_id=None, start_ns=0, end_ns=1,
+                        attributes={n.SHARD_MODULE: "Linear", n.SHARD_PARAMS: 1088, n.SHARD_MESH_SHAPE: [2]}))
+    table = builders.module_counts(records, noise_level=2)
+    rows = {r.module: r for r in table.rows}
+    assert [r.module for r in table.rows] == ["Global", "TPMLP", "TPMLP.net1", "TPMLP.net2"]
+    assert rows["Global"].counts == {"forward": 2, "backward": 1, "optimizer": 3} and rows["Global"].total == 6
+    assert rows["TPMLP"].counts == {"forward": 2, "backward": 1}
+    assert rows["TPMLP.net2"].depth == 2 and rows["TPMLP.net2"].counts == {"forward": 2}
+    assert table.phases == ["forward", "backward", "optimizer"]
+    assert table.consistent and table.rank == 0
+    assert [(o.op, o.phase, o.count) for o in rows["TPMLP.net1"].ops] == [("all_reduce", "backward", 1)]
+    assert table.sharding[0].module == "Linear" and table.sharding[0].parameters == 1088
+    assert builders.module_counts(records, noise_level=0).sharding == []  # noise level 1 adds sharding
+    assert builders.module_counts(records[:-2]).consistent is False  # rank 1 lost a record
+
+
+# ---------------------------------------------------------------------------------- stragglers
+def test_straggler_named_by_compute_and_arrival():
+    records = list(resources(3))
+    for step in range(1, 8):
+        t0 = step * 100 * MS
+        for rank in range(3):
+            late = 20 * MS if rank == 2 else rank * MS // 10  # rank 2 arrives 20 ms late
+            compute = 0.025 if rank == 2 else 0.005
+            records.append(rank_step(rank, step, dur=0.05, compute=compute, wait=0.05 - compute, start=t0))
+            records.append(coll(rank, seq=step, start=t0 + 5 * MS + late, dur=0.02, n_ranks=3, trace=f"trace{step}"))
+    table = builders.stragglers(records)
+    by_rank = {r.rank: r for r in table.rows}
+    assert table.slowest_rank == 2
+    assert table.matched == 7 and table.partial == 0
+    assert by_rank[2].last_arrivals == 7 and by_rank[2].mean_late_s == pytest.approx(0.020)
+    assert by_rank[2].steps == 6  # step 1 holds set-up: left out
+    assert by_rank[2].score == pytest.approx((0.025 - 0.005) / 0.05)  # (compute - min compute) / mean step
+    assert by_rank[0].score == pytest.approx(0.0)
+    assert table.mean_skew_s == pytest.approx(0.020)
+    assert "rank 2 is the slowest" in table.verdict
+
+
+def test_no_straggler_when_ranks_are_even_and_one_rank_only():
+    records = list(resources(2))
+    for step in range(1, 5):
+        for rank in range(2):
+            records.append(rank_step(rank, step, dur=0.05, compute=0.01, wait=0.04))
+    table = builders.stragglers(records)
+    assert table.slowest_rank is None and table.verdict.startswith("no straggler")
+    one = builders.stragglers([r for r in records if r.rank == 0])
+    assert one.slowest_rank is None and "one rank only" in one.verdict
+
+
+def test_partial_matches_are_counted_not_scored():
+    records = [coll(0, seq=1, n_ranks=3), coll(1, seq=1, n_ranks=3)]  # rank 2 never recorded seq 1
+    table = builders.stragglers(records)
+    assert table.matched == 0 and table.partial == 1
+
+
+# --------------------------------------------------------------------------------------- steps
+def test_steps_table_median_step_time_and_async_share():
+    records = list(resources(2))
+    durations = {1: 0.9, 2: 0.10, 3: 0.12, 4: 0.11, 5: 0.30}
+    for step, dur in durations.items():
+        for rank in range(2):
+            records.append(rank_step(rank, step, dur=dur, compute=dur * 0.75, wait=dur * 0.25, trace=f"tr{step}"))
+            records.append(coll(rank, seq=step * 2, dur=0.01, is_async=True, trace=f"tr{step}", n_ranks=2))
+            records.append(coll(rank, seq=step * 2 + 1, dur=0.03, trace=f"tr{step}", n_ranks=2))
+    table = builders.steps_table(records, noise_level=1)
+    assert [r.step for r in table.rows] == [1, 2, 3, 4, 5]
+    assert table.step_time_s == pytest.approx(statistics.median([0.10, 0.12, 0.11, 0.30]))
+    row = table.rows[1]
+    assert row.comm_share == pytest.approx(0.25)
+    assert row.async_share == pytest.approx(0.01 / 0.04)
+    assert row.collectives == 2 and len(row.cells) == 2
+    assert "median of 4 traced steps" in table.step_time_from
+
+
+# --------------------------------------------------------------------------------------- hangs
+def _seq_snapshot(rank: int, started: int, completed: int, group: str = "default_pg") -> MetricSnapshot:
+    labels = {n.M_RUN: "x", n.M_RANK: str(rank), n.M_GROUP: group}
+    return MetricSnapshot(
+        rank=rank,
+        time_ns=5,
+        metrics={
+            n.GROUP_SEQ_STARTED.name: [MetricPoint(attributes=labels, value=started)],
+            n.GROUP_SEQ_COMPLETED.name: [MetricPoint(attributes=labels, value=completed)],
+        },
+    )
+
+
+def test_hang_report_names_the_rank_that_never_arrived():
+    records = resources(4) + [_seq_snapshot(0, 7, 7), _seq_snapshot(1, 8, 7), _seq_snapshot(2, 8, 7), _seq_snapshot(3, 8, 7)]
+    records += [
+        Hang(rank=r, op="all_reduce", group="default_pg", group_name="0", seq=8, waited_s=2.0, threshold_s=1.5,
+             start_ns=0, end_ns=2 * 10**9)
+        for r in (1, 2, 3)
+    ]
+    table = builders.hang_report(records)
+    (g,) = table.groups
+    assert g.stuck_seq == 8 and g.never_arrived == [0] and g.waiting == [1, 2, 3] and g.op == "all_reduce"
+    assert [(r.ranks, r.started, r.completed) for r in g.ranks] == [([0], 7, 7), ([1, 2, 3], 8, 7)]
+    assert "rank 0 never arrived at all_reduce sequence number 8" in table.verdict
+
+
+def test_a_slow_collective_that_completed_later_is_not_a_hang():
+    # Rank 0's first collective passed the threshold (connection set-up) and then completed; ranks 1-2 are stuck.
+    records = resources(3) + [_seq_snapshot(0, 2, 2), _seq_snapshot(1, 3, 2), _seq_snapshot(2, 3, 2)]
+    records += [
+        Hang(rank=r, op="all_reduce", group="default_pg", group_name="0", seq=seq, waited_s=1.1, threshold_s=1.0,
+             start_ns=0, end_ns=1)
+        for r, seq in ((0, 1), (1, 3), (2, 3))
+    ]
+    table = builders.hang_report(records)
+    (g,) = table.groups
+    assert g.never_arrived == [0] and g.waiting == [1, 2]
+    assert [(h.rank, h.resolved) for h in table.hangs] == [(0, True), (1, False), (2, False)]
+    calm = resources(2) + [_seq_snapshot(0, 4, 4), _seq_snapshot(1, 4, 4), records[-3]]
+    assert builders.hang_report(calm).verdict.startswith("no hang left: 1 collective.hang report(s)")
+
+
+def test_hang_report_with_a_silent_rank_and_without_a_hang():
+    records = resources(3) + [_seq_snapshot(0, 5, 5), _seq_snapshot(1, 5, 5)]
+    table = builders.hang_report(records)
+    assert table.groups[0].no_data == [2]
+    assert table.verdict.startswith("no hang") and "rank 2 left none" in table.verdict
+    stuck = resources(3) + [_seq_snapshot(0, 5, 4), _seq_snapshot(1, 5, 4)]
+    assert "rank 2 never arrived" in builders.hang_report(stuck).verdict
+
+
+def test_hang_report_from_spans_alone():
+    # A Jaeger download: no metrics. Ranks 1 and 2 reported a hang at seq 3; rank 0's last span is seq 2.
+    records = [coll(r, seq=s, n_ranks=3) for r in range(3) for s in (1, 2)]
+    records += [Hang(rank=r, op="all_reduce", group="default_pg", group_name="0", seq=3, waited_s=1.6,
+                     threshold_s=1.5, start_ns=0, end_ns=1) for r in (1, 2)]
+    table = builders.hang_report(records)
+    assert table.groups[0].never_arrived == [0]
+    assert "traced steps only" in table.source
+
+
+# ------------------------------------------------------------------------------------- compare
+def _report_with(world: int, step_s: float, busbw: float) -> report.Report:
+    recs = list(resources(world))
+    for step in range(1, 6):
+        for rank in range(world):
+            recs.append(rank_step(rank, step, dur=step_s, compute=step_s / 2, wait=step_s / 2))
+    size = 10**6
+    factor = 2 * (world - 1) / world
+    recs += [coll(r, size=size, dur=size * factor / (busbw * 1e9), n_ranks=world, seq=1) for r in range(world)]
+    return builders.analyze_records(recs, path=f"ws{world}")
+
+
+def test_compare_scaling_arithmetic():
+    a, b = _report_with(2, 0.100, 1.0), _report_with(8, 0.040, 1.5)
+    c = compare(a, b)
+    assert c.step_speedup == pytest.approx(0.100 / 0.040)
+    assert c.rank_ratio == pytest.approx(4.0)
+    assert c.strong_efficiency == pytest.approx((0.100 / 0.040) / 4)
+    assert c.weak_efficiency == pytest.approx(0.100 / 0.040)
+    assert c.throughput_speedup == pytest.approx((8 / 0.040) / (2 / 0.100))
+    (op,) = c.ops
+    assert op.busbw_a == pytest.approx(1.0) and op.busbw_b == pytest.approx(1.5) and op.change == pytest.approx(0.5)
+    assert any("strong scaling" in line and "62.5%" in line for line in c.arithmetic)
+
+
+# -------------------------------------------------------------------------------------- loader
+def test_loader_skips_cut_and_foreign_lines_and_reads_the_rest(tmp_path):
+    good = {
+        "resourceSpans": [
+            {
+                "resource": {"attributes": [{"key": n.RANK, "value": {"intValue": "1"}},
+                                            {"key": n.WORLD_SIZE, "value": {"intValue": "2"}}]},
+                "scopeSpans": [{"spans": [{
+                    "traceId": "0" * 31 + "1", "spanId": "0" * 15 + "2", "name": "all_reduce",
+                    "startTimeUnixNano": "1000", "endTimeUnixNano": "3000",
+                    "attributes": [
+                        {"key": n.COLL_OP, "value": {"stringValue": "all_reduce"}},
+                        {"key": n.COLL_GROUP_DESC, "value": {"stringValue": "undefined"}},
+                        {"key": n.COLL_GROUP_NAME, "value": {"stringValue": "3"}},
+                        {"key": n.COLL_MESSAGE_SIZE, "value": {"intValue": "64"}},
+                    ],
+                }]}],
+            }
+        ]
+    }
+    path = tmp_path / "traces.rank1.jsonl"
+    path.write_text('{"foo": 1}\n' + json.dumps(good) + "\n" + json.dumps(good)[:40])
+    problems: list[Problem] = []
+    recs = list(loader.iter_records(loader.discover(str(tmp_path)), problems))
+    colls = [r for r in recs if isinstance(r, Collective)]
+    assert len(colls) == 1 and colls[0].rank == 1 and colls[0].group == "pg3"  # the metric label of that group
+    assert colls[0].duration_s == pytest.approx(2e-6)
+    assert [p.line for p in problems] == [1, 3]
+    assert "not an OTLP export request" in problems[0].message
+    assert "cut short" in problems[1].message
+
+
+def test_loader_reads_jaeger_native_json(tmp_path):
+    doc = {
+        "data": [{
+            "traceID": "ab" * 16,
+            "spans": [{
+                "traceID": "ab" * 16, "spanID": "cd" * 8, "operationName": "all_gather_into_tensor",
+                "references": [{"refType": "CHILD_OF", "spanID": "ef" * 8}],
+                "startTime": 1000, "duration": 250, "processID": "p1",
+                "tags": [
+                    {"key": n.COLL_OP, "type": "string", "value": "all_gather_into_tensor"},
+                    {"key": n.COLL_KIND, "type": "string", "value": "all_gather"},
+                    {"key": n.COLL_MESSAGE_SIZE, "type": "int64", "value": 4096},
+                    {"key": n.COLL_GROUP_RANKS, "type": "string", "value": "[0, 1]"},
+                    {"key": n.COLL_SEQ, "type": "int64", "value": 9},
+                ],
+            }],
+            "processes": {"p1": {"serviceName": "torch-distributed",
+                                 "tags": [{"key": n.RANK, "type": "int64", "value": 1}]}},
+        }]
+    }
+    path = tmp_path / "jaeger.json"
+    path.write_text(json.dumps(doc, indent=2))
+    problems: list[Problem] = []
+    recs = list(loader.iter_records(loader.discover(str(path)), problems))
+    (c,) = [r for r in recs if isinstance(r, Collective)]
+    assert problems == []
+    assert (c.rank, c.kind, c.message_size, c.seq, c.group_ranks) == (1, "all_gather", 4096, 9, (0, 1))
+    assert c.start_ns == 1_000_000 and c.end_ns == 1_250_000 and c.parent_id == "ef" * 8
+
+
+def test_loader_accepts_base64_ids():
+    assert loader._hex_id("AAAAAAAAAAE=", 8) == "0000000000000001"
+    assert loader._hex_id("00000000000000ff", 8) == "00000000000000ff"
+
+
+def test_report_json_is_typed_and_versioned():
+    data = report.to_data(_report_with(2, 0.1, 1.0))
+    assert data["schema"] == report.SCHEMA and data["version"] == report.VERSION
+    assert set(data) >= {"run", "ops", "modules", "stragglers", "steps", "hangs", "gpu", "warnings"}
+    json.dumps(data)  # plain data all the way down

@@ -1,0 +1,408 @@
+"""The ``otel-torchdist`` command on real runs: the demo, a straggler run and a hang run (real gloo ranks),
+and synthetic run folders written with the library's own OTLP/JSON encoder where exact numbers are needed.
+
+The three real jobs start together in one module fixture (about 20 s on two cores); every test reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections import Counter
+from types import SimpleNamespace
+
+import pytest
+
+from otel_torchdist import names as n
+from otel_torchdist import otlp
+from otel_torchdist.cli import main
+
+from .harness import REPO, finish_ranks, start_ranks
+
+HANG_ARGS = {"threshold": 1.0, "timeout": 5}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    base = tmp_path_factory.mktemp("cli-runs")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "SLURM_"))}
+    env["OTEL_EXPORTER_PROMETHEUS_PORT"] = "0"
+    demo = subprocess.Popen(
+        [sys.executable, "-m", "otel_torchdist.cli", "demo", "--steps", "3", "--run-dir", str(base / "demo")],
+        cwd=str(base),
+        env={**env, "PYTHONPATH": REPO},
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    strag = start_ranks("scenarios_steps:stragglers", 3, str(base / "strag"), {"ddp_slow": 1, "plain_slow": 2}, env=env)
+    hang = start_ranks("scenarios_steps:hang", 3, str(base / "hang"), HANG_ARGS, env=env)
+    try:
+        out, err = demo.communicate(timeout=300)
+    except subprocess.TimeoutExpired:
+        demo.kill()
+        raise
+    finish_ranks(strag, str(base / "strag"), 3)
+    finish_ranks(hang, str(base / "hang"), 3)
+    assert demo.returncode == 0, err[-4000:]
+    (run_id,) = os.listdir(base / "demo")
+    return SimpleNamespace(
+        base=base,
+        demo=str(base / "demo" / run_id),
+        demo_err=err,
+        strag=str(base / "strag" / "runs" / "stragglers-ws3"),
+        hang=str(base / "hang" / "runs" / "hang-ws3"),
+    )
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    code = main(list(argv))
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+def analyze_json(capsys, path: str, *extra: str) -> dict:
+    code, out, err = run_cli(capsys, "analyze", path, "--json", *extra)
+    assert code == 0, err
+    return json.loads(out)
+
+
+# ------------------------------------------------------------------------------- independent counts
+def count_spans(folder: str) -> tuple[Counter, Counter]:
+    """(collective spans per op, all ranks; collective spans per rank), counted straight from the files."""
+    per_op: Counter = Counter()
+    per_rank: Counter = Counter()
+    for name in os.listdir(folder):
+        if not name.startswith("traces.rank"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            for line in f:
+                for rs in json.loads(line)["resourceSpans"]:
+                    rank = next(int(a["value"]["intValue"]) for a in rs["resource"]["attributes"] if a["key"] == n.RANK)
+                    for ss in rs["scopeSpans"]:
+                        for s in ss["spans"]:
+                            keys = {a["key"] for a in s["attributes"]}
+                            if n.COLL_OP in keys and s["name"] != n.SPAN_HANG:
+                                per_op[s["name"]] += 1
+                                per_rank[rank] += 1
+    return per_op, per_rank
+
+
+def count_metric_calls(folder: str) -> Counter:
+    """Calls per op from each rank's last metrics export, summed over ranks."""
+    calls: Counter = Counter()
+    for name in os.listdir(folder):
+        if not name.startswith("metrics.rank"):
+            continue
+        with open(os.path.join(folder, name)) as f:
+            last = f.readlines()[-1]
+        for rm in json.loads(last)["resourceMetrics"]:
+            for sm in rm["scopeMetrics"]:
+                for m in sm["metrics"]:
+                    if m["name"] == n.COLLECTIVE_CALLS.name:
+                        for dp in m["sum"]["dataPoints"]:
+                            op = next(a["value"]["stringValue"] for a in dp["attributes"] if a["key"] == n.M_OP)
+                            calls[op] += int(dp["asInt"])
+    return calls
+
+
+# ------------------------------------------------------------------------------------------- demo
+def test_demo_trains_every_path_and_ends_with_the_analysis(runs):
+    err = runs.demo_err
+    assert "otel-torchdist demo: 2 ranks, gloo, 3 steps each of MLPs trained with DDP, FSDP2 and tensor parallel" in err
+    for label in ("ddp", "fsdp", "tp"):
+        assert f"  {label:<5} [" in err  # a progress bar per model
+    assert "otel-torchdist summary: run" in err and "all_reduce" in err
+    assert "stragglers: " in err and "hangs: no hang" in err
+    assert f"Telemetry of every rank is in {runs.demo}:" in err
+    files = set(os.listdir(runs.demo))
+    for rank in (0, 1):
+        assert {f"traces.rank{rank}.jsonl", f"metrics.rank{rank}.jsonl", f"resource.rank{rank}.json"} <= files
+
+
+def test_analyze_counts_equal_the_records_in_the_files(runs, capsys):
+    data = analyze_json(capsys, runs.demo)
+    spans_per_op, spans_per_rank = count_spans(runs.demo)
+    metric_calls = count_metric_calls(runs.demo)
+    rows = {r["op"]: r for r in data["ops"]["rows"]}
+    assert set(rows) == set(spans_per_op) == set(metric_calls)
+    for op, row in rows.items():
+        assert row["count"] == spans_per_op[op] == metric_calls[op], op  # the demo traces every step
+        assert row["source"] == "metrics"
+    # every path was exercised: DDP buckets, FSDP2 all-gathers and reduce-scatters, tensor-parallel all-reduces
+    assert {"_broadcast_coalesced", "all_reduce", "all_gather_single", "reduce_scatter_single"} <= set(rows)
+    assert data["run"]["collective_spans"] == sum(spans_per_op.values())
+    modules = {m["module"]: m for m in data["modules"]["rows"]}
+    assert modules["Global"]["total"] == spans_per_rank[data["modules"]["rank"]]
+    for unit in ("0", "2", "4"):  # FSDP units: an all-gather in each forward, and backward work
+        assert modules[unit]["counts"]["forward"] == 3 and modules[unit]["counts"]["backward"] >= 3
+    assert modules["TPMLP.net2"]["counts"]["forward"] >= 1
+    assert data["run"]["traced_steps"][:9] == list(range(1, 10))
+    assert data["hangs"]["verdict"].startswith("no hang")
+
+
+def test_analyze_text_says_where_each_table_came_from(runs, capsys):
+    code, out, _ = run_cli(capsys, "analyze", runs.demo, "--noise-level", "2")
+    assert code == 0
+    assert "Collectives by op (counts, sizes, times and bandwidth from the metrics of ranks 0-1 (every call)" in out
+    assert "Collectives by module and phase (collective spans of rank 0" in out
+    assert "sharding.fully_shard" in out and "sharding.parallelize_module" in out  # noise level 1 and up
+    assert "by message size (spans):" in out and "per rank:" in out  # noise level 2
+    assert "Stragglers (steps: " in out and "Hangs: sequence numbers per group (last exported group metrics" in out
+    assert "GPU utilization: no GPU metrics in this run" in out
+
+
+# ------------------------------------------------------------------------------ stragglers, hangs
+def test_straggler_run_names_the_slow_rank(runs, capsys):
+    data = analyze_json(capsys, runs.strag)
+    st = data["stragglers"]
+    # Traced steps 1-10 are the DDP phase, where rank 1 computes 50 ms more; the library's last exchange
+    # covered the plain loop, where rank 2 is late.
+    assert st["slowest_rank"] == 1
+    assert st["exchange_slowest"] == 2
+    rows = {r["rank"]: r for r in st["rows"]}
+    assert rows[1]["score"] > 0.5 and max(rows[0]["score"], rows[2]["score"]) < 0.3
+    assert rows[1]["last_arrivals"] >= 0.6 * rows[1]["matched"] > 0
+    assert rows[1]["mean_wait_s"] < rows[0]["mean_wait_s"]
+    code, out, _ = run_cli(capsys, "analyze", runs.strag)
+    assert "verdict: rank 1 is the slowest" in out
+    assert "the library's last straggler exchange (a window of recent steps) named rank 2" in out
+
+
+def test_hang_run_names_the_rank_that_never_arrived(runs, capsys):
+    data = analyze_json(capsys, runs.hang)
+    hangs = data["hangs"]
+    (group,) = hangs["groups"]
+    assert group["group"] == "default_pg"
+    assert group["never_arrived"] == [0] and group["waiting"] == [1, 2]
+    assert group["stuck_seq"] == 3 and group["op"] == "all_reduce"
+    # On a loaded machine rank 0's first collective (connection set-up) may pass the 1 s threshold too: that
+    # report is kept, marked resolved, and does not make rank 0 a waiter.
+    assert {h["rank"] for h in hangs["hangs"] if not h["resolved"]} == {1, 2}
+    assert all(h["seq"] < 3 for h in hangs["hangs"] if h["resolved"])
+    code, out, _ = run_cli(capsys, "analyze", runs.hang)
+    assert "verdict: default_pg: rank 0 never arrived at all_reduce sequence number 3; ranks 1-2 waited in it" in out
+    assert "collective.hang: rank 1 all_reduce on default_pg, sequence number 3" in out
+
+
+# ----------------------------------------------------------------------------- synthetic runs
+def write_run(folder, *, world: int, step_s: float, busbw_gbps: float, steps: int = 6, size: int = 64 << 20) -> float:
+    """A run folder as ranks would write it, through the library's OTLP/JSON encoder; returns t per all-reduce."""
+    os.makedirs(folder, exist_ok=True)
+    factor = 2 * (world - 1) / world
+    t = size * factor / (busbw_gbps * 1e9)  # nccl-tests: busbw = S / t * 2(n-1)/n
+    run_id = os.path.basename(str(folder))
+    base = 1_800_000_000 * 10**9
+    for rank in range(world):
+        resource = {n.RUN_ID: run_id, n.RANK: rank, n.WORLD_SIZE: world, n.BACKEND: "nccl", n.HOST_NAME: f"node{rank}"}
+        spans = []
+        for step in range(1, steps + 1):
+            dur = step_s * (5 if step == 1 else 1)  # the first step holds set-up
+            t0 = base + step * 10**9
+            trace, root = step, 1000 + step
+            spans.append(
+                otlp.SpanData(n.SPAN_RANK_STEP, trace, 2000 + step * 100 + rank, root, t0, t0 + int(dur * 1e9),
+                              [(n.STEP, step), (n.STEP_DURATION, dur), (n.STEP_COMPUTE, dur - t), (n.STEP_COLLECTIVE_WAIT, t)])
+            )
+            spans.append(
+                otlp.SpanData("all_reduce", trace, 5000 + step * 100 + rank, 2000 + step * 100 + rank, t0,
+                              t0 + int(t * 1e9),
+                              [(n.COLL_OP, "all_reduce"), (n.COLL_KIND, "all_reduce"), (n.COLL_GROUP_NAME, "0"),
+                               (n.COLL_GROUP_DESC, "default_pg"), (n.COLL_GROUP_SIZE, world), (n.COLL_SEQ, step),
+                               (n.COLL_MESSAGE_SIZE, size), (n.COLL_DURATION, t)])
+            )
+        with open(os.path.join(folder, f"traces.rank{rank}.jsonl"), "w") as f:
+            f.write(otlp.spans_to_json(resource, spans) + "\n")
+        labels = {n.M_RUN: run_id, n.M_RANK: str(rank)}
+        op = {**labels, n.M_OP: "all_reduce", n.M_GROUP: "default_pg"}
+        total = step_s * (steps + 4)
+        buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
+        buckets[-1] = steps
+        metrics = [
+            otlp.MetricData(n.COLLECTIVE_CALLS, [otlp.NumberPoint(op, steps)]),
+            otlp.MetricData(n.COLLECTIVE_BYTES, [otlp.NumberPoint(op, steps * size)]),
+            otlp.MetricData(n.COLLECTIVE_BUS_BYTES, [otlp.NumberPoint(op, int(steps * size * factor))]),
+            otlp.MetricData(n.COLLECTIVE_DURATION, [otlp.HistogramPoint(op, steps, steps * t, buckets, n.DURATION_BUCKETS)]),
+            otlp.MetricData(n.STEPS_METRIC, [otlp.NumberPoint(labels, steps)]),
+            otlp.MetricData(n.STEP_DURATION_METRIC, [otlp.HistogramPoint(labels, steps, total, buckets, n.DURATION_BUCKETS)]),
+            otlp.MetricData(n.STEP_COMPUTE_TIME, [otlp.NumberPoint(labels, total - steps * t)]),
+            otlp.MetricData(n.STEP_COLLECTIVE_WAIT_TIME, [otlp.NumberPoint(labels, steps * t)]),
+            otlp.MetricData(n.GROUP_SEQ_STARTED, [otlp.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
+            otlp.MetricData(n.GROUP_SEQ_COMPLETED, [otlp.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
+        ]
+        with open(os.path.join(folder, f"metrics.rank{rank}.jsonl"), "w") as f:
+            f.write(otlp.metrics_to_json(resource, metrics, base, base + 100 * 10**9) + "\n")
+    return t
+
+
+def test_busbw_of_a_synthetic_run_is_the_nccl_tests_formula(tmp_path, capsys):
+    size = 64 << 20
+    t = write_run(tmp_path / "ws8", world=8, step_s=0.05, busbw_gbps=123.0, size=size)
+    (row,) = analyze_json(capsys, str(tmp_path / "ws8"))["ops"]["rows"]
+    algbw = size / t / 1e9
+    assert row["count"] == 8 * 6 and row["group_size"] == 8
+    assert row["algbw_gbps"] == pytest.approx(algbw)
+    assert row["busbw_gbps"] == pytest.approx(algbw * 2 * (8 - 1) / 8) == pytest.approx(123.0)
+    assert row["p50_s"] == pytest.approx(t, rel=0.01)
+
+
+def test_compare_runs_of_different_world_sizes(tmp_path, capsys):
+    write_run(tmp_path / "a", world=2, step_s=0.100, busbw_gbps=10.0)
+    write_run(tmp_path / "b", world=4, step_s=0.060, busbw_gbps=12.0)
+    code, out, err = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"), "--json")
+    assert code == 0, err
+    c = json.loads(out)
+    assert c["schema"] == "otel-torchdist.compare" and c["version"] == 1
+    assert c["a"]["step_time_s"] == pytest.approx(0.100) and c["b"]["step_time_s"] == pytest.approx(0.060)
+    assert c["step_speedup"] == pytest.approx(0.100 / 0.060)
+    assert c["rank_ratio"] == pytest.approx(2.0)
+    assert c["strong_efficiency"] == pytest.approx((0.100 / 0.060) / 2)  # same global batch: ideal 2x
+    assert c["weak_efficiency"] == pytest.approx(0.100 / 0.060)  # same batch per rank: ideal t_B = t_A
+    assert c["throughput_speedup"] == pytest.approx((4 / 0.060) / (2 / 0.100))
+    (op,) = c["ops"]
+    assert op["busbw_a"] == pytest.approx(10.0) and op["busbw_b"] == pytest.approx(12.0)
+    assert op["change"] == pytest.approx(0.2)
+    code, out, _ = run_cli(capsys, "compare", str(tmp_path / "a"), str(tmp_path / "b"))
+    assert "speedup per step: t_A / t_B = 100.00 ms / 60.00 ms = 1.667" in out
+    assert "strong scaling (same global batch): ideal speedup N_B / N_A = 4 / 2 = 2.000; efficiency = 1.667 / 2.000 = 83.3%" in out
+    assert "+20%" in out
+
+
+# ------------------------------------------------------------------------------- plot and export
+def test_plot_writes_non_empty_pngs(runs, tmp_path, capsys):
+    code, out, err = run_cli(capsys, "plot", runs.demo, "-o", str(tmp_path / "charts"))
+    assert code == 0, err
+    for name in ("timeline.png", "busbw_by_size.png", "step_heatmap.png"):
+        path = tmp_path / "charts" / name
+        assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 5000, name
+        assert f"wrote {path}" in out
+    assert "skipped gpu_utilization.png: no GPU metrics in this run" in out  # a CPU run
+    assert not (tmp_path / "charts" / "gpu_utilization.png").exists()
+    code, out, _ = run_cli(capsys, "plot", runs.demo, "-o", str(tmp_path / "step2"), "--step", "2")
+    assert code == 0 and "timeline.png (step 2)" in out
+
+
+def test_perfetto_export_has_one_track_per_rank(runs, tmp_path, capsys):
+    out_path = tmp_path / "trace.json"
+    code, out, err = run_cli(capsys, "export", runs.demo, "--perfetto", str(out_path))
+    assert code == 0, err
+    doc = json.loads(out_path.read_text())
+    events = doc["traceEvents"]
+    assert {e["pid"] for e in events} == {0, 1}
+    names = {e["pid"]: e["args"]["name"] for e in events if e["ph"] == "M" and e["name"] == "process_name"}
+    assert set(names) == {0, 1} and names[0].startswith("rank 0")
+    steps = [e for e in events if e["ph"] == "X" and e["cat"] == "step"]
+    traced = len(analyze_json(capsys, runs.demo)["run"]["traced_steps"])
+    assert len(steps) == 2 * traced
+    begins = Counter(e["id"] for e in events if e["ph"] == "b")
+    ends = Counter(e["id"] for e in events if e["ph"] == "e")
+    assert begins == ends and begins  # async slices (DDP buckets, sharding) close
+    assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
+    assert "one track per rank" in out
+
+
+# ------------------------------------------------------------------------------------ bad input
+def test_missing_and_empty_folders(tmp_path, capsys):
+    code, _, err = run_cli(capsys, "analyze", str(tmp_path / "nope"))
+    assert code == 1 and f"otel-torchdist analyze: error: {tmp_path / 'nope'} does not exist" in err
+    (tmp_path / "empty").mkdir()
+    code, _, err = run_cli(capsys, "analyze", str(tmp_path / "empty"))
+    assert code == 1 and "holds no otel-torchdist telemetry (no traces.rank<R>.jsonl or metrics.rank<R>.jsonl" in err
+    (tmp_path / "blank").mkdir()
+    (tmp_path / "blank" / "traces.rank0.jsonl").write_text("")
+    (tmp_path / "blank" / "metrics.rank0.jsonl").write_text("")
+    code, _, err = run_cli(capsys, "analyze", str(tmp_path / "blank"))
+    assert code == 1 and "every telemetry file is empty" in err and "were killed before their first export" in err
+
+
+def test_a_folder_of_runs_asks_for_one(runs, tmp_path, capsys):
+    shutil.copytree(runs.demo, tmp_path / "runs" / "first")
+    code, _, err = run_cli(capsys, "analyze", str(tmp_path / "runs"))
+    assert code == 1 and "is a folder of 1 run folder, not a run: pass one of them (newest last: first)" in err
+
+
+def test_cut_and_foreign_lines_give_a_partial_answer(runs, tmp_path, capsys):
+    folder = tmp_path / "damaged"
+    shutil.copytree(runs.demo, folder)
+    traces = folder / "traces.rank1.jsonl"
+    text = traces.read_text()
+    traces.write_text(text[: len(text) - 200])  # rank 1 killed while writing its last line
+    metrics = folder / "metrics.rank0.jsonl"
+    metrics.write_text('{"resource": "something else"}\n' + metrics.read_text())
+    code, out, _ = run_cli(capsys, "analyze", str(folder))
+    assert code == 0
+    assert "traces.rank1.jsonl:" in out and "the last line is cut short" in out and "was the process killed" in out
+    assert "metrics.rank0.jsonl:1: JSON, but not an OTLP export request" in out
+    assert "Collectives by op" in out and "verdict:" in out  # the rest is still analyzed
+
+
+def test_one_rank_only_says_what_is_missing(runs, tmp_path, capsys):
+    folder = tmp_path / "rank0"
+    folder.mkdir()
+    for name in os.listdir(runs.demo):
+        if ".rank0." in name:
+            shutil.copy(os.path.join(runs.demo, name), folder)
+    code, out, _ = run_cli(capsys, "analyze", str(folder))
+    assert code == 0
+    assert "1 rank of 2" in out
+    assert "note: only rank 0 of 2 left telemetry here; missing: 1." in out
+    assert "verdict: one rank only: there is no other rank to compare it with" in out
+    assert "rank 1 left none, so whether they arrived is unknown" in out
+
+
+def test_a_jaeger_download_is_analyzed(runs, tmp_path, capsys):
+    spans = []
+    for rank in (0, 1):
+        with open(os.path.join(runs.demo, f"traces.rank{rank}.jsonl")) as f:
+            for line in f:
+                spans.extend(json.loads(line)["resourceSpans"])
+    path = tmp_path / "trace-download.json"
+    path.write_text(json.dumps({"resourceSpans": spans}, indent=2))
+    data = analyze_json(capsys, str(path))
+    per_op, _ = count_spans(runs.demo)
+    assert {r["op"]: r["count"] for r in data["ops"]["rows"]} == dict(per_op)
+    assert all(r["source"] == "spans" for r in data["ops"]["rows"])
+    assert any("no metrics for ranks 0-1" in note for note in data["run"]["notes"])
+
+
+# ----------------------------------------------------------------------------------- the command
+def test_help_is_full_sentences(capsys):
+    for command in ("demo", "analyze", "compare", "plot", "export"):
+        with pytest.raises(SystemExit) as exc:
+            main([command, "--help"])
+        assert exc.value.code == 0
+        out = capsys.readouterr().out
+        assert len(re.findall(r"[a-z)]\.\s", out)) >= 3, command  # sentences, not fragments
+    with pytest.raises(SystemExit):
+        main(["analyze", "--help"])
+    out = capsys.readouterr().out
+    assert "--noise-level" in out and "CommDebugMode" in out and "--json" in out
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["analyze", "x", "--noise-level", "7"], "--noise-level takes 0, 1 or 2, got 7"),
+        (["plot", "x"], "the following arguments are required: -o/--output"),
+        (["demo", "--model", "moe"], "argument --model: invalid choice: 'moe'"),
+        (["demo", "--steps", "0"], "--steps must be at least 1, got 0"),
+    ],
+)
+def test_errors_name_the_flag(argv, message, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(argv)
+    assert exc.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_export_and_plot_errors_name_the_flag(runs, tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["export", runs.demo])
+    assert exc.value.code == 2 and "export needs --perfetto OUT.json" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plot", runs.demo, "-o", str(tmp_path / "c"), "--step", "999"])
+    assert exc.value.code == 2 and "--step 999 was not traced in this run (traced steps: 1-" in capsys.readouterr().err
