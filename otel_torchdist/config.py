@@ -95,6 +95,22 @@ class Config:
     insecure: bool | None = None
     """gRPC only: plaintext even without an ``http://`` scheme. Env: ``OTEL_EXPORTER_OTLP_INSECURE``."""
 
+    traces_timeout: float | None = None
+    metrics_timeout: float | None = None
+    traces_compression: str | None = None
+    metrics_compression: str | None = None
+    traces_certificate: str | None = None
+    metrics_certificate: str | None = None
+    traces_client_key: str | None = None
+    metrics_client_key: str | None = None
+    traces_client_certificate: str | None = None
+    metrics_client_certificate: str | None = None
+    traces_insecure: bool | None = None
+    metrics_insecure: bool | None = None
+    """Per-signal overrides of the six settings above, as the spec defines them. Env:
+    ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_{TIMEOUT,COMPRESSION,CERTIFICATE,CLIENT_KEY,CLIENT_CERTIFICATE,
+    INSECURE}``. Unset (None): the signal uses the generic setting."""
+
     traces_exporter: str | None = None
     """Where spans go: ``otlp``, ``file`` (OTLP JSON lines in the run folder), ``console`` or ``none``.
     Env: ``OTEL_TRACES_EXPORTER``. Default: ``otlp`` when an endpoint is configured, else ``file``."""
@@ -276,9 +292,18 @@ class Config:
         for name in ("disabled", "metrics_rank_label"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
-        for name in ("certificate", "client_key", "client_certificate"):
-            if getattr(self, name) is not None:
-                _check_file(name, getattr(self, name))
+        for base in ("certificate", "client_key", "client_certificate"):
+            for name in (base, "traces_" + base, "metrics_" + base):
+                if getattr(self, name) is not None:
+                    _check_file(name, getattr(self, name))
+        for signal in ("traces", "metrics"):
+            if getattr(self, f"{signal}_timeout") is not None:
+                _number(f"{signal}_timeout", getattr(self, f"{signal}_timeout"), 0.0, None, exclusive_min=True)
+            if getattr(self, f"{signal}_compression") is not None:
+                _choice(f"{signal}_compression", getattr(self, f"{signal}_compression"), COMPRESSIONS)
+            value = getattr(self, f"{signal}_insecure")
+            if value is not None and not isinstance(value, bool):
+                raise OptionError(f"{signal}_insecure", f"must be True, False or None, got {value!r}")
         _check_host("prometheus_host", self.prometheus_host)
         if self.insecure is not None and not isinstance(self.insecure, bool):
             raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
@@ -297,6 +322,14 @@ class Config:
         if self.traces_exporter is not None:
             return self.traces_exporter
         return "otlp" if (self.endpoint or self.traces_endpoint) else "file"
+
+    def for_signal(self, name: str, signal: str) -> Any:
+        """``name`` (timeout, compression, certificate, client_key, client_certificate, insecure, headers)
+        as it applies to ``signal`` (``traces`` or ``metrics``): the per-signal setting when given."""
+        if name == "headers":
+            return {**self.headers, **getattr(self, f"{signal}_headers")}
+        value = getattr(self, f"{signal}_{name}")
+        return getattr(self, name) if value is None else value
 
     def resolved_metrics_exporters(self) -> tuple[str, ...]:
         if self.metrics_exporter is not None:
@@ -457,6 +490,18 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "client_key", _parse_str),
     ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "client_certificate", _parse_str),
     ("OTEL_EXPORTER_OTLP_INSECURE", "insecure", _parse_bool),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "traces_timeout", _parse_seconds),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "metrics_timeout", _parse_seconds),
+    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "traces_compression", _parse_choice(COMPRESSIONS)),
+    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "metrics_compression", _parse_choice(COMPRESSIONS)),
+    ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "traces_certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "metrics_certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "traces_client_key", _parse_str),
+    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", "metrics_client_key", _parse_str),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "traces_client_certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", "metrics_client_certificate", _parse_str),
+    ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "traces_insecure", _parse_bool),
+    ("OTEL_EXPORTER_OTLP_METRICS_INSECURE", "metrics_insecure", _parse_bool),
     ("OTEL_TRACES_EXPORTER", "traces_exporter", _parse_choice(TRACES_EXPORTERS)),
     ("OTEL_METRICS_EXPORTER", "metrics_exporter", _parse_choice_list(METRICS_EXPORTERS)),
     ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_choice(SAMPLERS)),

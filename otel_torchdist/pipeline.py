@@ -283,10 +283,10 @@ class Pipeline:
                 queued = self.queued_spans()
                 if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
                     self._last_spans = now
-                    self.export_spans(now + cfg.timeout * 2)
+                    self.export_spans(now + cfg.for_signal("timeout", "traces") * 2)
                 if urgent or now - self._last_metrics >= cfg.metric_export_interval:
                     self._last_metrics = now
-                    self.export_metrics(cfg.timeout)
+                    self.export_metrics(cfg.for_signal("timeout", "metrics"))
             except Exception as exc:
                 health.error("pipeline", "the export thread hit an error", exc)
 

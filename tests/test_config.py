@@ -159,3 +159,36 @@ def test_tls_files_must_exist_when_given(tmp_path):
     pem = tmp_path / "ca.pem"
     pem.write_text("-----BEGIN CERTIFICATE-----\n")
     assert config.load({"certificate": str(pem)}, environ={}).certificate == str(pem)
+
+
+def test_per_signal_otlp_settings_override_the_generic_ones(tmp_path):
+    from otel_torchdist.export.sinks import OtlpGrpcSink, OtlpHttpSink
+
+    ca, traces_ca = tmp_path / "ca.pem", tmp_path / "traces-ca.pem"
+    for f in (ca, traces_ca):
+        f.write_text("-----BEGIN CERTIFICATE-----\n")
+    env = {
+        "OTEL_EXPORTER_OTLP_ENDPOINT": "https://collector:4318",
+        "OTEL_EXPORTER_OTLP_TIMEOUT": "7",
+        "OTEL_EXPORTER_OTLP_METRICS_TIMEOUT": "3",
+        "OTEL_EXPORTER_OTLP_CERTIFICATE": str(ca),
+        "OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE": str(traces_ca),
+        "OTEL_EXPORTER_OTLP_TRACES_COMPRESSION": "gzip",
+        "OTEL_EXPORTER_OTLP_HEADERS": "authorization=Bearer%20all,x-a=1",
+        "OTEL_EXPORTER_OTLP_METRICS_HEADERS": "authorization=Bearer%20metrics",
+        "OTEL_EXPORTER_OTLP_METRICS_INSECURE": "true",
+    }
+    cfg = config.load({}, environ=env)
+    assert (cfg.for_signal("timeout", "traces"), cfg.for_signal("timeout", "metrics")) == (7.0, 3.0)
+    assert cfg.for_signal("certificate", "traces") == str(traces_ca)
+    assert cfg.for_signal("certificate", "metrics") == str(ca)
+    assert cfg.for_signal("headers", "metrics") == {"authorization": "Bearer metrics", "x-a": "1"}
+    traces, metrics = OtlpHttpSink(cfg, "traces", "http/protobuf"), OtlpHttpSink(cfg, "metrics", "http/protobuf")
+    assert (traces.verify, traces.gzip, traces.timeout) == (str(traces_ca), True, 7.0)
+    assert (metrics.verify, metrics.gzip, metrics.timeout) == (str(ca), False, 3.0)
+    assert traces.headers["authorization"] == "Bearer all" and metrics.headers["authorization"] == "Bearer metrics"
+    grpc_metrics = OtlpGrpcSink(config.load({}, environ={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}), "metrics")
+    try:
+        assert grpc_metrics.insecure is True  # the metrics-only INSECURE applies to metrics alone
+    finally:
+        grpc_metrics.shutdown()

@@ -195,19 +195,20 @@ class OtlpHttpSink(Sink):
             self.span_format = "json" if self.json else "pb"
         specific = cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint
         self.url = _signal_endpoint(cfg.endpoint, specific, protocol, f"v1/{signal}")
-        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
+        headers = cfg.for_signal("headers", signal)
         headers["Content-Type"] = "application/json" if self.json else "application/x-protobuf"
-        if cfg.compression == "gzip":
+        self.gzip = cfg.for_signal("compression", signal) == "gzip"
+        if self.gzip:
             headers["Content-Encoding"] = "gzip"
         self.headers = headers
-        self.timeout = cfg.timeout
-        self.gzip = cfg.compression == "gzip"
+        self.timeout = cfg.for_signal("timeout", signal)
         self.session = requests.Session()
         # Passed with every request, not set on the session: requests lets REQUESTS_CA_BUNDLE /
         # CURL_CA_BUNDLE override a session's ``verify`` (psf/requests#3829), which would silently replace
         # OTEL_EXPORTER_OTLP_CERTIFICATE on machines that set those variables.
-        self.verify: str | bool = cfg.certificate or True
-        self.cert = (cfg.client_certificate, cfg.client_key) if cfg.client_certificate and cfg.client_key else None
+        self.verify: str | bool = cfg.for_signal("certificate", signal) or True
+        client_cert, client_key = cfg.for_signal("client_certificate", signal), cfg.for_signal("client_key", signal)
+        self.cert = (client_cert, client_key) if client_cert and client_key else None
         self._failures = _FailureLog(f"{signal} to {_redacted(self.url)}")
 
     def _post(self, body: bytes, timeout: float | None) -> bool:
@@ -264,22 +265,25 @@ class OtlpGrpcSink(Sink):
         parsed = urllib.parse.urlparse(url)
         # A user part (user:password@) is no part of a gRPC target; it would only end up in log lines.
         self.target = (parsed.netloc or parsed.path).rpartition("@")[2]
-        insecure = cfg.insecure if cfg.insecure is not None else parsed.scheme == "http"
+        insecure = cfg.for_signal("insecure", signal)
+        if insecure is None:
+            insecure = parsed.scheme == "http"
         if parsed.scheme == "https":
             insecure = False
-        self._compression = grpc.Compression.Gzip if cfg.compression == "gzip" else grpc.Compression.NoCompression
+        gzip_on = cfg.for_signal("compression", signal) == "gzip"
+        self._compression = grpc.Compression.Gzip if gzip_on else grpc.Compression.NoCompression
         self._credentials = None
         if not insecure:
-            root = _read(cfg.certificate)
-            key = _read(cfg.client_key)
-            chain = _read(cfg.client_certificate)
+            root = _read(cfg.for_signal("certificate", signal))
+            key = _read(cfg.for_signal("client_key", signal))
+            chain = _read(cfg.for_signal("client_certificate", signal))
             self._credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
         self._reconnect = False
         self._shut_down = False
         self._connect()
-        headers = {**cfg.headers, **(cfg.traces_headers if signal == "traces" else cfg.metrics_headers)}
+        headers = cfg.for_signal("headers", signal)
         self.metadata = tuple((k.lower(), v) for k, v in headers.items())
-        self.timeout = cfg.timeout
+        self.timeout = cfg.for_signal("timeout", signal)
         self.insecure = insecure
         self._failures = _FailureLog(f"{signal} to grpc://{self.target}")
 
