@@ -1,0 +1,177 @@
+"""Training-step overhead: DDP, FSDP2 and tensor parallel, plain vs instrumented vs the alternatives.
+
+    python benchmarks/bench_training.py [--steps 40] [--rounds 7] [--nproc 2]
+
+Two gloo ranks on this machine train a small MLP. Rounds alternate between plain and instrumented (default
+settings, exporting to a run folder), each round timing ``--steps`` steps after warm-up; the table gives
+the median step time over rounds, min and max, and the overhead of the medians. For DDP it also times the
+same loop under CommDebugMode and under torch.profiler (CPU activities), the tools otel-torchdist is meant
+to replace, and reports how many times more they add.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+import torch.nn as nn
+
+
+def _mlp(width: int = 512) -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 64))
+
+
+def _time(step, steps: int) -> float:
+    for _ in range(3):
+        step()
+    start = time.perf_counter()
+    for _ in range(steps):
+        step()
+    return (time.perf_counter() - start) / steps * 1e3  # ms per step
+
+
+def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str) -> None:
+    import otel_torchdist
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", rank=rank, world_size=nproc)
+    folder = tempfile.mkdtemp(prefix="otel-torchdist-bench-")
+    options = dict(run_dir=folder, summary="none", prometheus_port=0)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(rank))
+
+    def train_step(model, opt):
+        def step():
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
+
+    results: dict[str, dict[str, list[float]]] = {}
+
+    # ---- DDP: the plain model is built uninstrumented; the instrumented one gets the bucket hook.
+    plain_ddp = DDP(_mlp())
+    plain_step = train_step(plain_ddp, torch.optim.SGD(plain_ddp.parameters(), lr=0.01))
+    otel_torchdist.instrument(**options)
+    hooked = DDP(_mlp())
+    hooked_step = train_step(hooked, torch.optim.SGD(hooked.parameters(), lr=0.01))
+    otel_torchdist.uninstrument()
+    rows = results["DDP"] = {"plain": [], "instrumented": [], "CommDebugMode": [], "torch.profiler": []}
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.profiler import ProfilerActivity, profile
+
+    for _ in range(args.rounds):
+        rows["plain"].append(_time(plain_step, args.steps))
+        otel_torchdist.instrument(**options)
+        rows["instrumented"].append(_time(hooked_step, args.steps))
+        otel_torchdist.uninstrument()
+        # One CommDebugMode per step: one across several forward/backward passes trips over its own
+        # module stack (IndexError in _fw_set_module_hook).
+        def debug_step():
+            with CommDebugMode():
+                plain_step()
+
+        rows["CommDebugMode"].append(_time(debug_step, args.steps))
+        with profile(activities=[ProfilerActivity.CPU]):
+            rows["torch.profiler"].append(_time(plain_step, args.steps))
+
+    # ---- FSDP2
+    from torch.distributed.fsdp import fully_shard
+
+    def fsdp_model():
+        m = _mlp()
+        for layer in (m[0], m[2], m[4]):
+            fully_shard(layer)
+        fully_shard(m)
+        return m
+
+    plain_fsdp = fsdp_model()
+    plain_step = train_step(plain_fsdp, torch.optim.SGD(plain_fsdp.parameters(), lr=0.01))
+    rows = results["FSDP2"] = {"plain": [], "instrumented": []}
+    for _ in range(args.rounds):
+        rows["plain"].append(_time(plain_step, args.steps))
+        otel_torchdist.instrument(**options)
+        rows["instrumented"].append(_time(plain_step, args.steps))
+        otel_torchdist.uninstrument()
+
+    # ---- tensor parallel
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module
+
+    mesh = init_device_mesh("cpu", (nproc,))
+
+    class TP(nn.Module):
+        def __init__(self):
+            super().__init__()
+            torch.manual_seed(0)
+            self.up = nn.Linear(64, 512)
+            self.down = nn.Linear(512, 64)
+
+        def forward(self, inp):
+            return self.down(torch.relu(self.up(inp)))
+
+    plain_tp = parallelize_module(TP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    plain_step = train_step(plain_tp, torch.optim.SGD(plain_tp.parameters(), lr=0.01))
+    otel_torchdist.instrument(**options)
+    tracked_tp = parallelize_module(TP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
+    tracked_step = train_step(tracked_tp, torch.optim.SGD(tracked_tp.parameters(), lr=0.01))
+    otel_torchdist.uninstrument()
+    rows = results["TP"] = {"plain": [], "instrumented": []}
+    for _ in range(args.rounds):
+        rows["plain"].append(_time(plain_step, args.steps))
+        otel_torchdist.instrument(**options)
+        rows["instrumented"].append(_time(tracked_step, args.steps))
+        otel_torchdist.uninstrument()
+
+    if rank == 0:
+        with open(out, "w") as f:
+            import json
+
+            json.dump(results, f)
+    dist.destroy_process_group()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="timed steps per round (default 40)")
+    parser.add_argument("--rounds", type=int, default=7, help="rounds (default 7)")
+    parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    args = parser.parse_args(argv)
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tempfile.mktemp(suffix=".json")
+    mp.start_processes(_worker, args=(args.nproc, port, args, out), nprocs=args.nproc, start_method="spawn")
+    import json
+
+    results = json.load(open(out))
+    print(f"# {args.nproc} gloo ranks, MLP 64-512-512-64, batch 32, {args.steps} steps x {args.rounds} rounds")
+    print(f"{'path':<8} {'variant':<16} {'median ms':>10} {'min':>8} {'max':>8} {'overhead':>9}")
+    for path, rows in results.items():
+        base = statistics.median(rows["plain"])
+        for variant, values in rows.items():
+            med = statistics.median(values)
+            over = f"{(med / base - 1) * 100:+.1f}%" if variant != "plain" else ""
+            print(f"{path:<8} {variant:<16} {med:10.3f} {min(values):8.3f} {max(values):8.3f} {over:>9}")
+    ddp = results["DDP"]
+    added = statistics.median(ddp["instrumented"]) - statistics.median(ddp["plain"])
+    for tool in ("CommDebugMode", "torch.profiler"):
+        theirs = statistics.median(ddp[tool]) - statistics.median(ddp["plain"])
+        ratio = f"{theirs / added:.1f}x" if added > 0 else "otel-torchdist added nothing measurable"
+        print(f"added per DDP step: otel-torchdist {added * 1e3:.0f} us, {tool} {theirs * 1e3:.0f} us ({ratio})")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
