@@ -13,6 +13,7 @@ flush, each bounded by ``flush_timeout``.
 from __future__ import annotations
 
 import atexit
+import functools
 import json
 import logging
 import multiprocessing.util
@@ -25,7 +26,7 @@ from typing import Any
 from . import health, logs, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, nccl, optim, record
+from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, later, nccl, optim, record
 from .config import Config
 from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
@@ -37,13 +38,14 @@ _log = logging.getLogger("otel_torchdist")
 
 
 def _framework_captures():
+    """(name, capture module, the module whose import it waits for: None = install at once)."""
     return (
-        ("DDP", ddp),
-        ("FSDP", fsdp),
-        ("functional collectives", funcol),
-        ("DTensor", dtensor),
-        ("distributed checkpoint", checkpoint),
-        ("steps", steps),
+        ("DDP", ddp, None),
+        ("FSDP", fsdp, "torch.distributed.fsdp"),
+        ("functional collectives", funcol, None),
+        ("DTensor", dtensor, "torch.distributed.tensor"),
+        ("distributed checkpoint", checkpoint, "torch.distributed.checkpoint"),
+        ("steps", steps, None),
     )
 
 
@@ -113,14 +115,21 @@ class Runtime:
         self._check_run_dir()
         self._started = True
         record.set_limit(self.cfg.max_queued_records)
+        # Dynamo's table of collectives it rewrites into functional ones is keyed by the c10d functions
+        # found when funcol is first imported: import it before patching, so the keys are the originals
+        # (which a compiled call through our wrappers reaches), whatever instrument() cycles follow.
+        import torch.distributed._functional_collectives  # noqa: F401
+
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
         # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
-        for name, module in _framework_captures():
-            try:
-                self.patcher.apply(module.patches())
-            except Exception as exc:
-                health.error("capture", f"the {name} capture could not be installed", exc)
+        # FSDP, DTensor and checkpoint cost a second of imports: installed when the program imports them.
+        for name, module, trigger in _framework_captures():
+            install = functools.partial(self._install_capture, name, module)
+            if trigger is None:
+                install()
+            else:
+                later.when_imported(trigger, install)
         try:
             optim.install()
         except Exception as exc:
@@ -139,6 +148,14 @@ class Runtime:
             ddp.adopt_existing()
         except Exception as exc:
             health.error("ddp", "could not adopt DDP models built before instrument()", exc)
+
+    def _install_capture(self, name: str, module: Any) -> None:
+        if self._closed:
+            return
+        try:
+            self.patcher.apply(module.patches())
+        except Exception as exc:
+            health.error("capture", f"the {name} capture could not be installed", exc)
 
     def _check_run_dir(self) -> None:
         """Refuse at once a run folder the file exporters could not write; otherwise only warn."""
@@ -301,6 +318,7 @@ class Runtime:
                 return
             self._closed = True
         if restore:
+            later.cancel()
             self.patcher.restore()
             optim.remove()
             context.TRACKER.remove()

@@ -20,7 +20,7 @@ def test_no_graph_break_added(fake_pg, instrumented):
     instrumented()
     torch._dynamo.reset()
     wrapped = torch._dynamo.explain(_step)(torch.ones(2))
-    assert wrapped.graph_break_count == plain.graph_break_count == 0
+    assert wrapped.graph_break_count == plain.graph_break_count == 0, [str(r) for r in wrapped.break_reasons]
     assert wrapped.graph_count == plain.graph_count == 1
     # Dynamo saw through the wrapper to the original, and remapped it to functional collectives.
     graph_code = "\n".join(g.code for g in wrapped.graphs)
