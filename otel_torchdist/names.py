@@ -125,6 +125,7 @@ COLL_KIND = "torchdist.collective.kind"  # its nccl-tests family, e.g. all_gathe
 COLL_BACKEND = "torchdist.collective.backend"
 COLL_GROUP_NAME = "torchdist.group.name"
 COLL_GROUP_DESC = "torchdist.group.desc"
+COLL_GROUP_LABEL = "torchdist.group.label"  # the metrics' `group` label value: joins a span to its series
 COLL_GROUP_SIZE = "torchdist.group.size"
 COLL_GROUP_RANK = "torchdist.group.rank"
 COLL_GROUP_RANKS = "torchdist.group.ranks"  # member global ranks, only for small groups
@@ -158,6 +159,7 @@ COLLECTIVE_SPAN_ATTRIBUTES = (
     COLL_BACKEND,
     COLL_GROUP_NAME,
     COLL_GROUP_DESC,
+    COLL_GROUP_LABEL,
     COLL_GROUP_SIZE,
     COLL_GROUP_RANK,
     COLL_GROUP_RANKS,
@@ -201,7 +203,7 @@ DDP_BUCKET_BYTES = "torchdist.ddp.bucket.bytes"
 DDP_BUCKET_PARAMS = "torchdist.ddp.bucket.parameters"
 DDP_BUCKET_LAST = "torchdist.ddp.bucket.last"
 FSDP_ACTION = "torchdist.fsdp.action"  # unshard | reduce_scatter | all_reduce (HSDP)
-FUNCOL_WAIT_S = "torchdist.funcol.wait_s"  # time from issue to the wait_tensor that completed it
+FUNCOL_WAIT_S = "torchdist.funcol.wait_s"  # how long the wait_tensor that completed it blocked
 PHASES = ("forward", "backward", "optimizer", "checkpoint", "other")
 FRAMEWORKS = ("c10d", "ddp", "fsdp", "fsdp1", "dtensor", "funcol", "compiled")
 SOURCE_ATTRIBUTES = (

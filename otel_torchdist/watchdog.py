@@ -131,6 +131,7 @@ class Watchdog:
             (n.COLL_OP, rec[R.OP]),
             (n.COLL_GROUP_NAME, gi.name),
             (n.COLL_GROUP_DESC, gi.desc),
+            (n.COLL_GROUP_LABEL, gi.label),
             (n.COLL_GROUP_SIZE, gi.size),
             (n.COLL_GROUP_RANK, gi.rank),
             (n.COLL_SEQ, seq),

@@ -174,8 +174,30 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
     distribute_tensor(full, mesh, [Shard(1)])
     distribute_tensor(full, mesh, [Replicate()])
     shard0.redistribute(mesh, [Replicate()])
+    funcol_marks = _funcol_waits(mesh)
     _finish()
-    return {"comm_counts": dict(comm_counts), "module_counts": module_counts}
+    return {"comm_counts": dict(comm_counts), "module_counts": module_counts, "funcol": funcol_marks}
+
+
+def _funcol_waits(mesh) -> dict:
+    """Bare functional collectives whose wait arrives through a view, or never arrives."""
+    import time
+
+    import torch.distributed._functional_collectives as funcol
+
+    marks = {}
+    group = mesh.get_group()
+    # group "tp" has a description; these two use the tag below to be told apart
+    x = torch.ones(8, 4)
+    marks["view_issued"] = time.time_ns()
+    out = funcol.all_reduce(x, "sum", group)
+    viewed = out.view(32)  # an AsyncCollectiveTensor wrapping a *view*: its wait names the view
+    time.sleep(0.05)
+    marks["view_sum"] = float(viewed.sum())  # waits here
+    marks["view_waited"] = time.time_ns()
+    dropped = funcol.all_gather_tensor(torch.ones(2), 0, group)
+    del dropped  # never waited
+    return marks
 
 
 # ------------------------------------------------------------------------------------------ optimizers

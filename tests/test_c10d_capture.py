@@ -219,5 +219,5 @@ def test_metrics_agree_with_spans(job):
 
 
 def _label(span):
-    a = span["attributes"]
-    return a[n.COLL_GROUP_DESC] if a[n.COLL_GROUP_DESC] not in ("", "undefined") else f"pg{a[n.COLL_GROUP_NAME]}"
+    """The span names its metrics' ``group`` label itself, so a span joins its series without guessing."""
+    return span["attributes"][n.COLL_GROUP_LABEL]

@@ -39,7 +39,7 @@ def test_every_captured_op_has_a_frozen_span_name():
 def test_span_attribute_keys_are_frozen():
     assert set(n.COLLECTIVE_SPAN_ATTRIBUTES) == {
         "torchdist.collective.op", "torchdist.collective.kind", "torchdist.collective.backend",
-        "torchdist.group.name", "torchdist.group.desc", "torchdist.group.size", "torchdist.group.rank",
+        "torchdist.group.name", "torchdist.group.desc", "torchdist.group.label", "torchdist.group.size", "torchdist.group.rank",
         "torchdist.group.ranks", "torchdist.collective.dtype", "torchdist.collective.shapes",
         "torchdist.collective.numel", "torchdist.collective.tensors", "torchdist.collective.message_size",
         "torchdist.collective.bytes_sent", "torchdist.collective.bytes_received",

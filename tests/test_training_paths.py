@@ -192,6 +192,25 @@ def test_tp_per_module_per_phase_counts_equal_comm_debug_modes(tp_job):
         assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
 
 
+def test_functional_collectives_end_at_their_wait_even_through_a_view(tp_job):
+    for rank in range(tp_job["ws"]):
+        spans = _collectives(tp_job["spans"][rank])
+        marks = tp_job["results"][rank]["funcol"]
+        training = [s for s in spans if _a(s, n.COLL_PHASE) in ("forward", "backward")]
+        assert {_a(s, n.COLL_END_SOURCE) for s in training} <= {"wait", "return"}, "a TP wait was missed"
+        viewed = [s for s in spans if int(s["startTimeUnixNano"]) >= marks["view_issued"] and s["name"] == "all_reduce"]
+        assert len(viewed) == 1
+        assert _a(viewed[0], n.COLL_END_SOURCE) == "wait"
+        # ended at the wait, after the 50 ms sleep (clock slack: 10 ms)
+        assert marks["view_issued"] + 50e6 <= int(viewed[0]["endTimeUnixNano"]) <= marks["view_waited"] + 10e6
+        assert _a(viewed[0], n.FUNCOL_WAIT_S) is not None
+        dropped = [s for s in spans if int(s["startTimeUnixNano"]) >= marks["view_waited"]]
+        assert [s["name"] for s in dropped] == ["all_gather_tensor"]
+        # c10d's work registry keeps the output until it is waited, so nothing completes it: uninstrument()
+        # ends it, and says so
+        assert _a(dropped[0], n.COLL_END_SOURCE) == "unfinished"
+
+
 def test_sharding_spans_carry_original_and_shard_shapes(tp_job):
     ws = tp_job["ws"]
     spans = tp_job["spans"][0]

@@ -152,8 +152,11 @@ def _hex_id(raw: Any, nbytes: int) -> str:
         return raw
 
 
-def group_label(desc: Any, name: Any) -> str:
-    """The group as the metric labels name it (``capture/groups.py``): its description, else ``pg<name>``."""
+def group_label(desc: Any, name: Any, label: Any = None) -> str:
+    """The group as the metric labels name it: the span says so itself (``torchdist.group.label``); runs
+    recorded before it did get the rule of ``capture/groups.py``: its description, else ``pg<name>``."""
+    if label:
+        return str(label)
     if desc and desc != "undefined":
         return str(desc)
     return f"pg{name}" if name is not None else "?"
@@ -179,7 +182,7 @@ def span_record(
             Hang(
                 rank=rank,
                 op=str(a.get(n.COLL_OP, "?")),
-                group=group_label(a.get(n.COLL_GROUP_DESC), a.get(n.COLL_GROUP_NAME)),
+                group=group_label(a.get(n.COLL_GROUP_DESC), a.get(n.COLL_GROUP_NAME), a.get(n.COLL_GROUP_LABEL)),
                 group_name=str(a.get(n.COLL_GROUP_NAME, "?")),
                 seq=a.get(n.COLL_SEQ),
                 waited_s=float(a.get(n.HANG_WAITED, (end_ns - start_ns) / 1e9)),
@@ -229,7 +232,7 @@ def span_record(
                 rank=rank,
                 op=str(a[n.COLL_OP]),
                 kind=a.get(n.COLL_KIND),
-                group=group_label(a.get(n.COLL_GROUP_DESC), a.get(n.COLL_GROUP_NAME)),
+                group=group_label(a.get(n.COLL_GROUP_DESC), a.get(n.COLL_GROUP_NAME), a.get(n.COLL_GROUP_LABEL)),
                 group_name=str(a.get(n.COLL_GROUP_NAME, "?")),
                 group_size=a.get(n.COLL_GROUP_SIZE),
                 group_ranks=tuple(ranks) if isinstance(ranks, list) else None,

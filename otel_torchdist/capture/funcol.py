@@ -9,6 +9,12 @@ global by ``AsyncCollectiveTensor.trigger_wait``), so records run from issue to 
 (``end_source="wait"``) and carry how long the wait itself blocked. Under tracing the functions wait
 immediately and the record ends at return.
 
+The wait often arrives for a different tensor than the one issued: a view op on an
+``AsyncCollectiveTensor`` (tensor parallel reshapes its outputs) wraps a *view* of the output, and the
+view is what gets waited. c10d itself finds the work by the output's storage, so pending records are
+keyed the same way. A weak reference to the storage ends the record as unfinished if the output is
+freed without ever being waited, so nothing lingers and a reused address cannot match a stale record.
+
 Functional collectives inside compiled graphs call the C++ ops without these functions: see ``deep.py``.
 The autograd backward of a bare functional collective (not DTensor's, which goes through these functions)
 is likewise only visible to the deep mode.
@@ -71,8 +77,8 @@ _GROUP_AT_3 = {
 }
 _GROUP_AT_1 = {"all_gather_single_coalesced", "all_gather_into_tensor_coalesced"}
 
-_pending: dict[int, tuple[Any, _Join]] = {}  # id(tensor) -> (weakref to it, join)
-_pending_lock = threading.Lock()
+_pending: dict[int, tuple[Any, _Join]] = {}  # storage address -> (weakref to the storage, join)
+_pending_lock = threading.RLock()  # re-entrant: a GC pass under it may run a storage weakref callback
 _group_cache: dict[Any, Any] = {}
 
 
@@ -162,24 +168,50 @@ def _wrap(name: str, funcol: Any):
         def _finish(rec, result):
             gi = groups.BY_ID[rec[R.GROUP]]
             rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-            waits = [t.elem for t in _tensors(result) if isinstance(t, acs_type)]
-            if not waits:
+            storages = {}
+            for t in _tensors(result):
+                if isinstance(t, acs_type):
+                    storage = t.elem.untyped_storage()
+                    storages[storage._cdata] = storage
+            if not storages:
                 R.complete(rec, n.END_RETURN)  # tracing, or already waited: complete at return
                 return
-            join = _Join(rec, len(waits))
-            evicted = []
+            join = _Join(rec, len(storages))
+            displaced = []
             with _pending_lock:
-                for t in waits:
-                    _pending[id(t)] = (weakref.ref(t), join)
+                for key, storage in storages.items():
+                    old = _pending.get(key)
+                    if old is not None:
+                        displaced.append(old[1])
+                    _pending[key] = (weakref.ref(storage, _dropped(key)), join)
                 while len(_pending) > MAX_PENDING:
-                    evicted.append(_pending.pop(next(iter(_pending)))[1])
-            for old in evicted:
+                    displaced.append(_pending.pop(next(iter(_pending)))[1])
+            for old in displaced:
                 old.done(n.END_UNFINISHED)
 
         wrapper.__otel_torchdist_wrapped__ = orig
         return wrapper
 
     return make
+
+
+def _dropped(key: int):
+    """The weakref callback: the output's storage was freed without a wait, so the record cannot end."""
+
+    def callback(ref):
+        entry = _pending.get(key)
+        if entry is None or entry[0] is not ref:
+            return
+        with _pending_lock:
+            if _pending.get(key) is not entry:
+                return
+            del _pending[key]
+        try:
+            entry[1].done(n.END_UNFINISHED)
+        except Exception as exc:
+            health.error("completion", "could not end a functional collective record", exc)
+
+    return callback
 
 
 def _wrap_wait(orig):
@@ -190,9 +222,10 @@ def _wrap_wait(orig):
         t0 = perf_counter_ns()
         result = orig(tensor)
         try:
+            key = tensor.untyped_storage()._cdata
             with _pending_lock:
-                hit = _pending.pop(id(tensor), None)
-            if hit is not None and hit[0]() is tensor:
+                hit = _pending.pop(key, None)
+            if hit is not None:
                 join = hit[1]
                 rec = join.rec
                 blocked = perf_counter_ns() - t0
