@@ -26,6 +26,7 @@ import hashlib
 import logging
 import statistics
 import threading
+import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
@@ -139,6 +140,7 @@ class StepTracker:
         self._lock = threading.RLock()
         self._recent: deque[float] = deque(maxlen=101)
         self._last_slow_warning = -10**9
+        self._optimizers: weakref.WeakSet = weakref.WeakSet()
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
@@ -183,9 +185,16 @@ class StepTracker:
             R.STEP[0] = (self.index, trace, rank_span, self.sampled(self.index, trace), root)
             return self.index
 
-    def end(self, t_end: int | None = None, final: bool = False, error: tuple[str, str] | None = None) -> None:
+    def end(
+        self,
+        t_end: int | None = None,
+        final: bool = False,
+        error: tuple[str, str] | None = None,
+        warmup: bool = False,
+    ) -> None:
         """Close the open step. ``final``: an optimizer-closed step that ends without its optimizer step
-        (at exit, or when explicit steps take over) is traced but not counted as a step."""
+        (at exit, or when explicit steps take over) is traced but not counted as a step. ``warmup``: an
+        optimizer's first step (lazy initialisation, state allocation) is never called slow."""
         with self._lock:
             if not self.open:
                 return
@@ -208,6 +217,7 @@ class StepTracker:
                 "backward": list(self.backward),
                 "final": final,
                 "error": error,
+                "warmup": warmup,
             }
             R.defer(_close_step, self, info)
 
@@ -216,8 +226,13 @@ class StepTracker:
         if self.explicit or R.in_backward():  # optimizer-in-backward steps each parameter, not the loop
             return
         with self._lock:
+            try:
+                warmup = optimizer not in self._optimizers
+                self._optimizers.add(optimizer)
+            except TypeError:  # not weak-referenceable
+                warmup = False
             if self.open:
-                self.end(t_end)
+                self.end(t_end, warmup=warmup)
             self.begin(source="optimizer", t_start=t_end)
 
     def record(self, **values: float | None) -> None:
@@ -342,7 +357,7 @@ SLOW_STEP_MIN_EXCESS = 0.1  # seconds a slow step must exceed the median by, bes
 
 def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: float, median, info: dict) -> None:
     factor = tracker.cfg.slow_step_factor
-    if not factor or median is None or len(tracker._recent) < 6 or duration <= factor * median:
+    if not factor or info.get("warmup") or median is None or len(tracker._recent) < 6 or duration <= factor * median:
         return
     if duration - median < SLOW_STEP_MIN_EXCESS:
         return  # millisecond steps: a garbage collection is not worth a warning

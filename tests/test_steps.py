@@ -215,3 +215,25 @@ def test_slow_step_warns_once_with_a_span(fake_pg, instrumented):
     assert warning["attributes"][n.WARNING_KIND] == "slow_step"
     assert warning["attributes"][n.STEP] == 9
     assert "x the median of recent steps" in warning["attributes"][n.WARNING_MESSAGE]
+
+
+def test_an_optimizers_first_step_is_warmup_not_slow(fake_pg, instrumented):
+    """A second model's first step (lazy initialisation) is not a slow step; its later slow step is."""
+    import time
+
+    import torch
+
+    import otel_torchdist
+    from tests.harness import read_spans
+
+    folder = instrumented(run_id="warmup", trace_every_steps=1000)
+    for model_index in range(2):
+        model = torch.nn.Linear(4, 4)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for i in range(8):
+            model(torch.ones(2, 4)).sum().backward()
+            time.sleep(0.35 if i == 0 or (model_index == 1 and i == 6) else 0.01)
+            opt.step()
+    otel_torchdist.uninstrument()
+    warnings = [s for s in read_spans(f"{folder}/traces.rank0.jsonl") if s["name"] == n.SPAN_WARNING]
+    assert [w["attributes"][n.STEP] for w in warnings] == [15]
