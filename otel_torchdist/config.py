@@ -216,8 +216,11 @@ class Config:
     ``OTEL_TORCHDIST_FLUSH_TIMEOUT_MS`` (milliseconds)."""
 
     metrics_rank_label: bool = True
-    """Put the ``rank`` label on collective metrics. Off, series count no longer grows with world size (the
-    per-rank views need it). Env: ``OTEL_TORCHDIST_METRICS_RANK_LABEL``."""
+    """Put the ``rank`` label on every metric data point. Off, the points carry no ``rank``, but this alone
+    saves no series: each rank stays its own Prometheus target (``instance``) and OTLP resource
+    (``service.instance.id``). It helps only where a later stage sums across ranks after dropping those
+    (docs/scale.md, *Knobs*); the per-rank dashboard views need the label. Env:
+    ``OTEL_TORCHDIST_METRICS_RANK_LABEL``."""
 
     summary: str = "rank0"
     """Who prints the end-of-run summary: ``rank0``, ``all`` or ``none``. Env: ``OTEL_TORCHDIST_SUMMARY``."""
