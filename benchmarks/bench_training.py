@@ -4,7 +4,11 @@
 
 Two gloo ranks on this machine train a small MLP. Rounds alternate between plain and instrumented (default
 settings, exporting to a run folder), each round timing ``--steps`` steps after warm-up; the table gives
-the median step time over rounds, min and max, and the overhead of the medians. For DDP it also times the
+the median step time over rounds, min and max, and the overhead of the medians. An instrumented round
+first runs the steps the default sampling traces in full (``trace_first_steps``, 10), so the rows show
+the steady state of a long run (1 step in 100 traced); the DDP row "every step traced" shows what a
+traced step costs. The plain DDP gets DDP's builtin C++ all-reduce hook, the path DDP takes without a
+hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline). For DDP it also times the
 same loop under CommDebugMode and under torch.profiler (CPU activities), the tools otel-torchdist is meant
 to replace, and reports how many times more they add.
 """
@@ -25,13 +29,16 @@ import torch.multiprocessing as mp
 import torch.nn as nn
 
 
+STEADY = 11  # warm-up steps of an instrumented round: past the 10 the default sampling traces in full
+
+
 def _mlp(width: int = 512) -> nn.Module:
     torch.manual_seed(0)
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 64))
 
 
-def _time(step, steps: int) -> float:
-    for _ in range(3):
+def _time(step, steps: int, warmup: int = 3) -> float:
+    for _ in range(warmup):
         step()
     start = time.perf_counter()
     for _ in range(steps):
@@ -62,19 +69,29 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
 
     # ---- DDP: the plain model is built uninstrumented; the instrumented one gets the bucket hook.
     plain_ddp = DDP(_mlp())
+    plain_ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     plain_step = train_step(plain_ddp, torch.optim.SGD(plain_ddp.parameters(), lr=0.01))
     otel_torchdist.instrument(**options)
     hooked = DDP(_mlp())
     hooked_step = train_step(hooked, torch.optim.SGD(hooked.parameters(), lr=0.01))
     otel_torchdist.uninstrument()
-    rows = results["DDP"] = {"plain": [], "instrumented": [], "CommDebugMode": [], "torch.profiler": []}
+    rows = results["DDP"] = {
+        "plain": [],
+        "instrumented": [],
+        "every step traced": [],
+        "CommDebugMode": [],
+        "torch.profiler": [],
+    }
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(args.rounds):
         rows["plain"].append(_time(plain_step, args.steps))
         otel_torchdist.instrument(**options)
-        rows["instrumented"].append(_time(hooked_step, args.steps))
+        rows["instrumented"].append(_time(hooked_step, args.steps, STEADY))
+        otel_torchdist.uninstrument()
+        otel_torchdist.instrument(**options, trace_every_steps=1)
+        rows["every step traced"].append(_time(hooked_step, args.steps))
         otel_torchdist.uninstrument()
         # One CommDebugMode per step: one across several forward/backward passes trips over its own
         # module stack (IndexError in _fw_set_module_hook).
@@ -102,7 +119,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     for _ in range(args.rounds):
         rows["plain"].append(_time(plain_step, args.steps))
         otel_torchdist.instrument(**options)
-        rows["instrumented"].append(_time(plain_step, args.steps))
+        rows["instrumented"].append(_time(plain_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
 
     # ---- tensor parallel
@@ -131,7 +148,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     for _ in range(args.rounds):
         rows["plain"].append(_time(plain_step, args.steps))
         otel_torchdist.instrument(**options)
-        rows["instrumented"].append(_time(tracked_step, args.steps))
+        rows["instrumented"].append(_time(tracked_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
 
     if rank == 0:

@@ -50,6 +50,7 @@ class Pipeline:
         # sinks are known (before init_process_group) they wait as SpanData in ``pending``.
         self.pending: deque[SpanData] = deque()
         self.encoded: dict[str, deque] = {}
+        self._queues: list[deque] = []  # encoded's values, for queued_spans (per span: no generator)
         self.span_sinks: list[Sink] = []
         self.metric_sinks: list[Sink] = []
         self.resource: dict[str, Any] | None = None
@@ -92,13 +93,15 @@ class Pipeline:
             self.span_sinks = span_sinks
             self.metric_sinks = metric_sinks
             self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
+            self._queues = list(self.encoded.values())
             while self.pending:
                 self._enqueue(self.pending.popleft())
         self._wake.set()
 
     def queued_spans(self) -> int:
-        if self.encoded:
-            return min(len(d) for d in self.encoded.values())
+        queues = self._queues
+        if queues:
+            return len(queues[0]) if len(queues) == 1 else min(map(len, queues))
         return len(self.pending) if self.resource is None else 0
 
     def _enqueue(self, span: SpanData) -> None:
@@ -217,11 +220,11 @@ class Pipeline:
                         step[0],
                         cap,
                     )
-            elif self.queued_spans() < self.cfg.span_queue_size:
+            elif (queued := self.queued_spans()) < self.cfg.span_queue_size:
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 self._enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
-                if self.queued_spans() == self.cfg.span_batch_size:
+                if queued + 1 == self.cfg.span_batch_size:
                     self._wake.set()  # a full batch: let the exporter send it while we go on draining
             else:
                 health.dropped("span")

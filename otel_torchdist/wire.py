@@ -168,15 +168,16 @@ def _key_json(key: str) -> str:
 def attributes_json(pairs) -> list[str]:
     out = []
     cache = _field_json_cache
+    keys = _key_json_cache
     for key, value in pairs:
         t = type(value)
         if t is float:
             if value - value == 0:  # finite: NaN and infinities take the general path
-                out.append('%s{"doubleValue":%r}}' % (_key_json(key), value))
+                out.append('%s{"doubleValue":%r}}' % (keys.get(key) or _key_json(key), value))
                 continue
             ck = None
         elif t is int and not -_SMALL < value < _SMALL:
-            out.append('%s{"intValue":"%d"}}' % (_key_json(key), value))
+            out.append('%s{"intValue":"%d"}}' % (keys.get(key) or _key_json(key), value))
             continue
         else:
             ck = (key, t, value)
