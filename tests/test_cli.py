@@ -160,7 +160,7 @@ def test_analyze_text_says_where_each_table_came_from(runs, capsys):
 def test_straggler_run_names_the_slow_rank(runs, capsys):
     data = analyze_json(capsys, runs.strag)
     st = data["stragglers"]
-    # Traced steps 1-10 are the DDP phase, where rank 1 computes 50 ms more; the library's last exchange
+    # Traced steps 1-10 are the DDP phase, where rank 1 computes 100 ms more; the library's last exchange
     # covered the plain loop, where rank 2 is late.
     assert st["slowest_rank"] == 1
     assert st["exchange_slowest"] == 2
