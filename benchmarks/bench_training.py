@@ -8,9 +8,9 @@ the median step time over rounds, min and max, and the overhead of the medians. 
 first runs the steps the default sampling traces in full (``trace_first_steps``, 10), so the rows show
 the steady state of a long run (1 step in 100 traced); the DDP row "every step traced" shows what a
 traced step costs. The plain DDP gets DDP's builtin C++ all-reduce hook, the path DDP takes without a
-hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline). For DDP it also times the
-same loop under CommDebugMode and under torch.profiler (CPU activities), the tools otel-torchdist is meant
-to replace, and reports how many times more they add.
+hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline).
+For DDP it also times the same loop under CommDebugMode and under torch.profiler (CPU activities), the
+tools otel-torchdist is meant to replace, and reports how many times more they add.
 """
 
 from __future__ import annotations

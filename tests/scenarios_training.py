@@ -187,7 +187,6 @@ def _funcol_waits(mesh) -> dict:
 
     marks = {}
     group = mesh.get_group()
-    # group "tp" has a description; these two use the tag below to be told apart
     x = torch.ones(8, 4)
     marks["view_issued"] = time.time_ns()
     out = funcol.all_reduce(x, "sum", group)

@@ -12,8 +12,9 @@ immediately and the record ends at return.
 The wait often arrives for a different tensor than the one issued: a view op on an
 ``AsyncCollectiveTensor`` (tensor parallel reshapes its outputs) wraps a *view* of the output, and the
 view is what gets waited. c10d itself finds the work by the output's storage, so pending records are
-keyed the same way. A weak reference to the storage ends the record as unfinished if the output is
-freed without ever being waited, so nothing lingers and a reused address cannot match a stale record.
+keyed the same way. An output that is never waited stays alive in c10d's work registry, so its record
+ends as unfinished at ``uninstrument()``; should its storage be freed first, a weak reference to it ends
+the record then, so a reused address cannot match a stale record.
 
 Functional collectives inside compiled graphs call the C++ ops without these functions: see ``deep.py``.
 The autograd backward of a bare functional collective (not DTensor's, which goes through these functions)
@@ -199,12 +200,10 @@ def _dropped(key: int):
     """The weakref callback: the output's storage was freed without a wait, so the record cannot end."""
 
     def callback(ref):
-        entry = _pending.get(key)
-        if entry is None or entry[0] is not ref:
-            return
         with _pending_lock:
-            if _pending.get(key) is not entry:
-                return
+            entry = _pending.get(key)
+            if entry is None or entry[0] is not ref:
+                return  # already waited, or the address now belongs to a newer record
             del _pending[key]
         try:
             entry[1].done(n.END_UNFINISHED)

@@ -88,10 +88,6 @@ def when_imported(module: str, hook: Callable[[], None]) -> None:
         _finder[0].hooks.setdefault(module, []).append(hook)
 
 
-def pending() -> list[str]:
-    return sorted(_finder[0].hooks) if _finder else []
-
-
 def cancel() -> None:
     with _lock:
         if _finder:
