@@ -66,7 +66,11 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     plain = _train(DDP(_mlp(), bucket_cap_mb=0.01), steps, rank)
     _instrument(out, f"ddp-ws{ws}")
     model = DDP(_mlp(), bucket_cap_mb=0.01)
-    instrumented = _train(model, steps, rank)
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # the oracle for the bucket all-reduces
+        instrumented = _train(model, steps, rank)
+    profiler_all_reduces = sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
     sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
     calls: list[int] = []
 
@@ -88,13 +92,21 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     except RuntimeError as exc:
         second_registration = str(exc)
     with_hook = _train(hooked, steps, rank)
-    _finish()
+    import otel_torchdist
+    from otel_torchdist.capture import record
+
+    otel_torchdist.uninstrument()
+    _train(model, 1, rank)  # the trampoline stays on the model: it must go on working, recording nothing
+    recorded_after = len(record.QUEUE)
+    dist.destroy_process_group()
     return {
+        "recorded_after_uninstrument": recorded_after,
         "identical": all(torch.equal(a, b) for a, b in zip(plain, instrumented)),
         "identical_with_hook": all(torch.equal(a, b) for a, b in zip(plain, with_hook)),
         "rebuilt_bucket_sizes": [int(x) for x in sizes.split(",")] if sizes else [],
         "steps": steps,
         "hook_calls": len(calls),
+        "profiler_all_reduces": profiler_all_reduces,
         "second_registration": second_registration,
     }
 

@@ -43,6 +43,7 @@ def test_ddp_results_are_bit_identical_instrumented(ddp_job):
     for result in ddp_job["results"]:
         assert result["identical"], "DDP parameters differ with the trampoline comm hook"
         assert result["identical_with_hook"], "a user comm hook changed results"
+        assert result["recorded_after_uninstrument"] == 0
 
 
 def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
@@ -55,6 +56,7 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
             if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) == "default_pg"
         ]  # fmt: skip
         # Iteration 0 reduces one bucket with every gradient; the reducer then rebuilds its buckets.
+        assert len(buckets) == result["profiler_all_reduces"]  # torch.profiler saw as many on the same steps
         first = [s for s in buckets if _a(s, n.DDP_BUCKET_BYTES) == sum(sizes)]
         rest = [s for s in buckets if s not in first]
         assert len(first) == 1
@@ -67,6 +69,7 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
             assert _a(s, n.COLL_MESSAGE_SIZE) == _a(s, n.DDP_BUCKET_BYTES)
             assert _a(s, n.DDP_BUCKET_PARAMS) >= 1
             assert _a(s, n.COLL_END_SOURCE) == "future"
+            assert _a(s, n.COLL_SOURCE) == "ddp_hook"  # recorded by the trampoline itself, not via c10d
         lasts = [s for s in rest if _a(s, n.DDP_BUCKET_LAST)]
         assert {_a(s, n.DDP_BUCKET_INDEX) for s in lasts} == {len(sizes) - 1}
 
@@ -78,6 +81,16 @@ def test_user_comm_hook_keeps_working_and_is_measured(ddp_job):
         hooked = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "hooked"]
         bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp"]
         assert result["hook_calls"] == len(bucket_records) > 0
+        assert {_a(s, n.COLL_SOURCE) for s in bucket_records} == {"c10d"}
+        # The trampoline's own records and those of the general path say the same things about a bucket.
+        own = next(
+            s for s in _collectives(ddp_job["spans"][rank])
+            if _a(s, n.COLL_GROUP_DESC) == "default_pg" and _a(s, n.COLL_FRAMEWORK) == "ddp"
+        )  # fmt: skip
+        general = bucket_records[-1]
+        assert set(own["attributes"]) == set(general["attributes"])
+        for key in (n.COLL_OP, n.COLL_PHASE, n.COLL_ASYNC, n.COLL_DTYPE, n.COLL_REDUCE_OP, n.COLL_END_SOURCE):
+            assert _a(own, key) == _a(general, key), key
         assert result["second_registration"] == "register_comm_hook or register_builtin_comm_hook can only be called once."
 
 

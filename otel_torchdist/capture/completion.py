@@ -63,8 +63,7 @@ def track(rec: list, works: list[Any]) -> None:
     if not works:
         R.complete(rec, n.END_RETURN)
         return
-    join = _Join(rec, len(works))
-    _inflight[id(join)] = join
+    join = watch(rec, len(works))
     for work in works:
         try:
             fut = work.get_future()
@@ -74,6 +73,13 @@ def track(rec: list, works: list[Any]) -> None:
             fut.add_done_callback(lambda f, j=join: _on_future(j, f))
         else:
             _wait_for(work, join)
+
+
+def watch(rec: list, works: int = 1) -> _Join:
+    """A join for ``rec`` that the hang watchdog sees until it is done; the caller arranges the done."""
+    join = _Join(rec, works)
+    _inflight[id(join)] = join
+    return join
 
 
 def _on_future(join: _Join, fut: Any) -> None:

@@ -29,6 +29,25 @@ EXTRAS = 5
 _EMPTY = (None, None, None, None, None, ())
 
 
+def derive(
+    framework: str | None = None,
+    module: str | None = None,
+    phase: str | None = None,
+    parent: tuple[int, int] | None = None,
+    extras: tuple = (),
+) -> tuple:
+    """The context :func:`push` would enter, without entering it (for a record made on the spot)."""
+    base = TLS.ctx or _EMPTY
+    return (
+        framework or base[FRAMEWORK],
+        module or base[MODULE],
+        phase or base[PHASE],
+        parent[0] if parent else base[PARENT_TRACE],
+        parent[1] if parent else base[PARENT_SPAN],
+        extras or base[EXTRAS],
+    )
+
+
 def push(
     framework: str | None = None,
     module: str | None = None,
@@ -38,15 +57,7 @@ def push(
 ) -> tuple | None:
     """Enter a context; returns the token :func:`pop` needs."""
     old = TLS.ctx
-    base = old or _EMPTY
-    TLS.ctx = (
-        framework or base[FRAMEWORK],
-        module or base[MODULE],
-        phase or base[PHASE],
-        parent[0] if parent else base[PARENT_TRACE],
-        parent[1] if parent else base[PARENT_SPAN],
-        extras or base[EXTRAS],
-    )
+    TLS.ctx = derive(framework, module, phase, parent, extras)
     return old
 
 

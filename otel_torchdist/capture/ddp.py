@@ -1,13 +1,18 @@
 """DistributedDataParallel: one record per gradient bucket, the configuration once, DDP's own statistics.
 
 DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. So each DDP built
-while instrumented gets a trampoline comm hook: by default it runs the Python equivalent of DDP's builtin
-all-reduce (``default_hooks.allreduce_hook``: divide by world size, all-reduce, which gives bit-identical
-parameters), through ``dist.all_reduce``, which the c10d capture records; around it the trampoline sets the
-framework context (framework ``ddp``, phase ``backward``, the bucket's index, bytes, parameter count and
-whether it is the last) so the record says which bucket it was. A comm hook the user registers later
-replaces the trampoline's inner hook instead of being registered a second time (the reducer accepts one
-hook only), so it keeps working and is measured the same way; builtin hooks map to their Python twins.
+while instrumented gets a trampoline comm hook. By default it does what DDP's builtin all-reduce does
+(``default_hooks.allreduce_hook``: divide by the group size, all-reduce, which gives bit-identical
+parameters) and records the bucket itself: the record carries the framework context (framework ``ddp``,
+phase ``backward``, the bucket's index, bytes, parameter count and whether it is the last) and ends in the
+callback that hands the reduced bucket back to DDP. That is one Python callback per bucket on the
+backend's thread, as with torch's own Python hook, instead of two (DDP's and the c10d capture's), and no
+pass through ``dist.all_reduce``'s Python checks. Buckets that path cannot take as is (complex
+gradients, a torch function mode, a coalescing block) and comm hooks the user registers go through
+``dist.all_reduce``, which the c10d capture records, inside the same framework context. A hook the
+user registers later replaces the trampoline's inner hook instead of being registered a second time (the
+reducer accepts one hook only), so it keeps working and is measured the same way; builtin hooks map to
+their Python twins.
 
 DDPs built before ``instrument()`` are found once (garbage-collector scan) and given the trampoline when
 they have no hook yet. One whose hook was registered before ``instrument()`` keeps it untouched: its
@@ -21,19 +26,27 @@ gauges, and ``find_unused_parameters=True`` with nothing ever unused raises a ``
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
+import sys
 import weakref
 from time import perf_counter_ns
 from typing import Any
 
 import torch
 import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as _allreduce_hook
+from torch.overrides import has_torch_function as _has_torch_function
 
+from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import context, emit
+from . import c10d as c10d_capture
+from . import completion, context, emit, groups
+from . import record as R
 
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
@@ -42,6 +55,9 @@ WASTE_CHECK_AFTER = 10  # iterations before deciding find_unused_parameters=True
 _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Trampoline
 _forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> forward count
 _warned: weakref.WeakSet = weakref.WeakSet()
+_world = c10d._world
+_SUM = dist.ReduceOp.SUM
+SOURCE = "ddp_hook"
 
 
 class _Trampoline:
@@ -58,24 +74,21 @@ class _Trampoline:
         self.ddp = weakref.ref(ddp)
 
 
+# True while instrumented (patches() sets it): a trampoline outlives uninstrument() on its model, and must
+# then record nothing, since nothing drains the queue.
+_LIVE = False
+
+
 def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook installed by otel-torchdist: runs the real hook inside the bucket's context."""
+    if not _LIVE:
+        return state.inner_hook(state.inner_state, bucket)
+    if state.inner_hook is _allreduce_hook:
+        fut = _allreduce_bucket(state.inner_state, bucket)
+        if fut is not None:
+            return fut
     try:
-        buffer = bucket.buffer()
-        token = context.push(
-            framework="ddp",
-            phase="backward",
-            extras=(
-                n.DDP_BUCKET_INDEX,
-                bucket.index(),
-                n.DDP_BUCKET_BYTES,
-                buffer.numel() * buffer.element_size(),
-                n.DDP_BUCKET_PARAMS,
-                len(bucket.parameters()),
-                n.DDP_BUCKET_LAST,
-                bucket.is_last(),
-            ),
-        )
+        token = context.push(framework="ddp", phase="backward", extras=_bucket_facts(bucket))
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return state.inner_hook(state.inner_state, bucket)
@@ -83,6 +96,96 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         return state.inner_hook(state.inner_state, bucket)
     finally:
         context.pop(token)
+
+
+def _bucket_facts(bucket: dist.GradBucket) -> tuple:
+    buffer = bucket.buffer()
+    return (
+        n.DDP_BUCKET_INDEX,
+        bucket.index(),
+        n.DDP_BUCKET_BYTES,
+        buffer.numel() * buffer.element_size(),
+        n.DDP_BUCKET_PARAMS,
+        len(bucket.parameters()),
+        n.DDP_BUCKET_LAST,
+        bucket.is_last(),
+    )
+
+
+def _allreduce_bucket(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor] | None:
+    """``default_hooks.allreduce_hook`` with the bucket recorded here; None: take the general path.
+
+    Mirrors ``dist.all_reduce(tensor, group, async_op=True)`` for the only case it is used for: one plain
+    real tensor of a group this rank belongs to, outside torch function modes and coalescing blocks.
+    """
+    tensor = bucket.buffer()
+    if group is None:
+        group = c10d._get_default_group()
+    if (
+        tensor.__class__ is not torch.Tensor
+        or tensor.is_complex()
+        or _has_torch_function((tensor,))
+        or (_world.pg_coalesce_state and group in _world.pg_coalesce_state)
+    ):
+        return None
+    try:
+        gi = groups._groups.get(group)
+        if gi is None:
+            gi = groups.info(group)
+            if gi is None:
+                return None
+        ctx = context.derive(framework="ddp", phase="backward", extras=_bucket_facts(bucket))
+        shape = tuple(tensor.shape)
+        rec = [
+            "all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid, None, 0, 0, tensor.nbytes, tensor.dtype,
+            (len(shape),) + shape, tensor.numel(), 1, True, None, None, _SUM, None, None,
+            c10d_capture._parent_span(), None, None, False, ctx, R.in_backward(), R.STEP[0],
+        ]  # fmt: skip
+    except Exception as exc:
+        health.error("ddp", "could not describe a DDP bucket", exc)
+        return None
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = _SUM
+    opts.asyncOp = True
+    # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
+    tensor.div_(group.size())
+    rec[R.T_START] = perf_counter_ns()
+    try:
+        work = group.allreduce([tensor], opts)
+    except BaseException as exc:
+        c10d_capture._fail(rec, exc)
+        raise
+    try:
+        if gi.completion is groups.COMPLETION_FUTURE:
+            rec[R.SEQ] = gi.next_seq()
+            join = completion.watch(rec)
+            return work.get_future().then(functools.partial(_bucket_reduced, join))
+        c10d_capture._finish(rec, work)
+    except Exception as exc:
+        health.error("ddp", "could not follow a DDP bucket's all-reduce", exc)
+    return work.get_future().then(_first)
+
+
+def _bucket_reduced(join: Any, fut: torch.futures.Future) -> torch.Tensor:
+    """DDP's callback for the bucket, on the backend's thread: the all-reduce has completed."""
+    try:
+        value = fut.value()
+    except BaseException as exc:
+        _end(join, exc)
+        raise  # DDP sees the failure, as with torch's own hook
+    _end(join, None)
+    return value[0]
+
+
+def _end(join: Any, error: BaseException | None) -> None:
+    try:
+        join.done(n.END_FUTURE, error)
+    except Exception as exc:
+        health.error("ddp", "could not complete a DDP bucket record", exc)
+
+
+def _first(fut: torch.futures.Future) -> torch.Tensor:
+    return fut.value()[0]
 
 
 def _install_trampoline(ddp: Any) -> None:
@@ -269,6 +372,7 @@ def patches() -> list[Patch]:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return [
+        Patch(sys.modules[__name__], "_LIVE", lambda _: True),
         Patch(DDP, "__init__", _wrap_init),
         Patch(DDP, "register_comm_hook", _wrap_register),
         Patch(DDP, "_register_builtin_comm_hook", _wrap_builtin),
