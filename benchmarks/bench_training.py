@@ -1,16 +1,20 @@
 """Training-step overhead: DDP, FSDP2 and tensor parallel, plain vs instrumented vs the alternatives.
 
-    python benchmarks/bench_training.py [--steps 40] [--rounds 7] [--nproc 2]
+    python benchmarks/bench_training.py [--steps 30] [--rounds 15] [--nproc 2] [--pin]
 
-Two gloo ranks on this machine train a small MLP. Rounds alternate between plain and instrumented (default
-settings, exporting to a run folder), each round timing ``--steps`` steps after warm-up; the table gives
-the median step time over rounds, min and max, and the overhead of the medians. An instrumented round
+Two gloo ranks on this machine train a small MLP. Each round runs every variant in turn, timing each of
+``--steps`` steps after warm-up; a round's figure for a variant is its median step (a shared machine's
+stalls hit single steps, not the median). The table gives, over rounds, the median, min and max of those
+figures, and the overhead: the median over rounds of variant / plain within the same round, with the
+middle half of those paired ratios, so the noise of the machine is on the page. An instrumented round
 first runs the steps the default sampling traces in full (``trace_first_steps``, 10), so the rows show
 the steady state of a long run (1 step in 100 traced); the DDP row "every step traced" shows what a
 traced step costs. The plain DDP gets DDP's builtin C++ all-reduce hook, the path DDP takes without a
-hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline).
-For DDP it also times the same loop under CommDebugMode and under torch.profiler (CPU activities), the
-tools otel-torchdist is meant to replace, and reports how many times more they add.
+hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline);
+"torch Python hook" is the same model with torch's own ``default_hooks.allreduce_hook`` registered by
+hand, uninstrumented: the cost of any Python comm hook, which the trampoline is. For DDP it also times
+the same loop under CommDebugMode and under torch.profiler (CPU activities), the tools otel-torchdist is
+meant to replace, and reports how many times more they add.
 """
 
 from __future__ import annotations
@@ -38,12 +42,16 @@ def _mlp(width: int = 512) -> nn.Module:
 
 
 def _time(step, steps: int, warmup: int = 3) -> float:
+    """The median of ``steps`` timed steps after ``warmup``, in ms."""
     for _ in range(warmup):
         step()
-    start = time.perf_counter()
+    times = []
+    clock = time.perf_counter
     for _ in range(steps):
+        start = clock()
         step()
-    return (time.perf_counter() - start) / steps * 1e3  # ms per step
+        times.append(clock() - start)
+    return statistics.median(times) * 1e3
 
 
 def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -51,6 +59,9 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    if args.pin and hasattr(os, "sched_setaffinity"):
+        # The rank and every thread it starts (gloo's, ours) on one core: what they cost each other shows.
+        os.sched_setaffinity(0, {rank % (os.cpu_count() or 1)})
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=rank, world_size=nproc)
     folder = tempfile.mkdtemp(prefix="otel-torchdist-bench-")
@@ -71,6 +82,11 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     plain_ddp = DDP(_mlp())
     plain_ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     plain_step = train_step(plain_ddp, torch.optim.SGD(plain_ddp.parameters(), lr=0.01))
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    python_hook = DDP(_mlp())
+    python_hook.register_comm_hook(None, allreduce_hook)
+    python_hook_step = train_step(python_hook, torch.optim.SGD(python_hook.parameters(), lr=0.01))
     otel_torchdist.instrument(**options)
     hooked = DDP(_mlp())
     hooked_step = train_step(hooked, torch.optim.SGD(hooked.parameters(), lr=0.01))
@@ -79,6 +95,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         "plain": [],
         "instrumented": [],
         "every step traced": [],
+        "torch Python hook": [],
         "CommDebugMode": [],
         "torch.profiler": [],
     }
@@ -93,6 +110,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         otel_torchdist.instrument(**options, trace_every_steps=1)
         rows["every step traced"].append(_time(hooked_step, args.steps))
         otel_torchdist.uninstrument()
+        rows["torch Python hook"].append(_time(python_hook_step, args.steps))
         # One CommDebugMode per step: one across several forward/backward passes trips over its own
         # module stack (IndexError in _fw_set_module_hook).
         def debug_step():
@@ -159,11 +177,36 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     dist.destroy_process_group()
 
 
+def _handoff_us(rounds: int = 2000) -> float:
+    """One thread waking another and being woken back, in us: what a GIL hand-off to a backend thread
+    (a Python comm hook's callback) costs on this machine."""
+    import threading
+
+    ping, pong = threading.Event(), threading.Event()
+
+    def other():
+        for _ in range(rounds):
+            ping.wait()
+            ping.clear()
+            pong.set()
+
+    thread = threading.Thread(target=other)
+    thread.start()
+    start = time.perf_counter()
+    for _ in range(rounds):
+        ping.set()
+        pong.wait()
+        pong.clear()
+    thread.join()
+    return (time.perf_counter() - start) / rounds * 1e6
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--steps", type=int, default=40, help="timed steps per round (default 40)")
-    parser.add_argument("--rounds", type=int, default=7, help="rounds (default 7)")
+    parser.add_argument("--steps", type=int, default=30, help="timed steps per round (default 30)")
+    parser.add_argument("--rounds", type=int, default=15, help="rounds (default 15)")
     parser.add_argument("--nproc", type=int, default=2, help="ranks (default 2)")
+    parser.add_argument("--pin", action="store_true", help="pin each rank, with all its threads, to one core")
     args = parser.parse_args(argv)
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -173,20 +216,29 @@ def main(argv: list[str] | None = None) -> int:
     import json
 
     results = json.load(open(out))
-    print(f"# {args.nproc} gloo ranks, MLP 64-512-512-64, batch 32, {args.steps} steps x {args.rounds} rounds")
-    print(f"{'path':<8} {'variant':<16} {'median ms':>10} {'min':>8} {'max':>8} {'overhead':>9}")
+    print(f"# thread wake-up round trip on this machine: {_handoff_us():.0f} us")
+    print(f"# {args.nproc} gloo ranks, MLP 64-512-512-64, batch 32, median of {args.steps} steps x {args.rounds} rounds")
+    print(f"{'path':<8} {'variant':<18} {'median ms':>10} {'min':>8} {'max':>8} {'overhead':>9}  {'middle half':>15}")
     for path, rows in results.items():
-        base = statistics.median(rows["plain"])
+        plain = rows["plain"]
         for variant, values in rows.items():
-            med = statistics.median(values)
-            over = f"{(med / base - 1) * 100:+.1f}%" if variant != "plain" else ""
-            print(f"{path:<8} {variant:<16} {med:10.3f} {min(values):8.3f} {max(values):8.3f} {over:>9}")
+            line = f"{path:<8} {variant:<18} {statistics.median(values):10.3f} {min(values):8.3f} {max(values):8.3f}"
+            if variant != "plain":
+                ratios = [(v / b - 1) * 100 for v, b in zip(values, plain)]
+                q1, _, q3 = statistics.quantiles(ratios, n=4)
+                line += f" {statistics.median(ratios):+8.1f}%  {q1:+6.1f}..{q3:+5.1f}%"
+            print(line)
     ddp = results["DDP"]
-    added = statistics.median(ddp["instrumented"]) - statistics.median(ddp["plain"])
+
+    def added(variant: str) -> float:  # ms per step, paired within rounds
+        return statistics.median(v - b for v, b in zip(ddp[variant], ddp["plain"]))
+
+    ours = added("instrumented")
     for tool in ("CommDebugMode", "torch.profiler"):
-        theirs = statistics.median(ddp[tool]) - statistics.median(ddp["plain"])
-        ratio = f"{theirs / added:.1f}x" if added > 0 else "otel-torchdist added nothing measurable"
-        print(f"added per DDP step: otel-torchdist {added * 1e3:.0f} us, {tool} {theirs * 1e3:.0f} us ({ratio})")
+        theirs = added(tool)
+        ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing measurable"
+        print(f"added per DDP step: otel-torchdist {ours * 1e3:.0f} us, {tool} {theirs * 1e3:.0f} us ({ratio})")
+    print(f"added per DDP step by any Python comm hook (torch's allreduce_hook): {added('torch Python hook') * 1e3:.0f} us")
     return 0
 
 
