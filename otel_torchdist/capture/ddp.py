@@ -47,6 +47,7 @@ from ..patching import Patch
 from . import c10d as c10d_capture
 from . import completion, context, emit, groups
 from . import record as R
+from .ops import describe_tensor
 
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
@@ -80,7 +81,8 @@ _LIVE = False
 
 
 def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
-    """DDP comm hook installed by otel-torchdist: runs the real hook inside the bucket's context."""
+    """DDP comm hook installed by otel-torchdist: records the default all-reduce itself, else runs the
+    registered hook inside the bucket's framework context."""
     if not _LIVE:
         return state.inner_hook(state.inner_state, bucket)
     if state.inner_hook is _allreduce_hook:
@@ -88,7 +90,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         if fut is not None:
             return fut
     try:
-        token = context.push(framework="ddp", phase="backward", extras=_bucket_facts(bucket))
+        token = context.push(framework="ddp", phase="backward", extras=_bucket_facts(bucket, bucket.buffer()))
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return state.inner_hook(state.inner_state, bucket)
@@ -98,8 +100,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         context.pop(token)
 
 
-def _bucket_facts(bucket: dist.GradBucket) -> tuple:
-    buffer = bucket.buffer()
+def _bucket_facts(bucket: dist.GradBucket, buffer: torch.Tensor) -> tuple:
     return (
         n.DDP_BUCKET_INDEX,
         bucket.index(),
@@ -129,18 +130,15 @@ def _allreduce_bucket(group: Any, bucket: dist.GradBucket) -> torch.futures.Futu
     ):
         return None
     try:
-        gi = groups._groups.get(group)
+        gi = groups.info(group)
         if gi is None:
-            gi = groups.info(group)
-            if gi is None:
-                return None
-        ctx = context.derive(framework="ddp", phase="backward", extras=_bucket_facts(bucket))
-        shape = tuple(tensor.shape)
-        rec = [
-            "all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid, None, 0, 0, tensor.nbytes, tensor.dtype,
-            (len(shape),) + shape, tensor.numel(), 1, True, None, None, _SUM, None, None,
-            c10d_capture._parent_span(), None, None, False, ctx, R.in_backward(), R.STEP[0],
-        ]  # fmt: skip
+            return None
+        rec = R.new("all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid)
+        describe_tensor(tensor, rec)
+        rec[R.ASYNC] = True
+        rec[R.REDOP] = _SUM
+        rec[R.PARENT] = c10d_capture._parent_span()
+        rec[R.CTX] = context.derive(framework="ddp", phase="backward", extras=_bucket_facts(bucket, tensor))
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return None
