@@ -36,6 +36,7 @@ SAMPLERS = (
     "parentbased_traceidratio",
 )
 SUMMARY_MODES = ("rank0", "all", "none")
+AGGREGATIONS = ("rank", "node")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -222,6 +223,25 @@ class Config:
     (docs/scale.md, *Knobs*); the per-rank dashboard views need the label. Env:
     ``OTEL_TORCHDIST_METRICS_RANK_LABEL``."""
 
+    metrics_aggregation: str = "rank"
+    """``rank``: every rank exports its own metrics. ``node``: the ranks of a node hand their metrics to
+    the node's local rank 0 (``LOCAL_RANK``, which torchrun sets) through files in the run folder, and only
+    it exports them, summed (counters, histograms) or combined as each gauge says
+    (``names.NODE_MERGE``), labelled ``host`` instead of ``rank``: one Prometheus target and one OTLP
+    stream per node, a node's worth fewer series. Spans stay per rank. Env:
+    ``OTEL_TORCHDIST_METRICS_AGGREGATION``."""
+
+    node_name: str | None = None
+    """The node a rank is on, for ``metrics_aggregation="node"``: ranks with the same name are summed
+    together, and their run folder must be shared. Default: the host name. Set it where ranks of one
+    machine run in containers with their own host names (e.g. Kubernetes' ``spec.nodeName``). Env:
+    ``OTEL_TORCHDIST_NODE_NAME``."""
+
+    node_metrics_interval: float = 5.0
+    """Seconds between the hand-overs of a rank's metrics to its node's exporting rank (with
+    ``metrics_aggregation="node"``): how old a node's figures may be. Env:
+    ``OTEL_TORCHDIST_NODE_METRICS_INTERVAL_MS`` (milliseconds)."""
+
     summary: str = "rank0"
     """Who prints the end-of-run summary: ``rank0``, ``all`` or ``none``. Env: ``OTEL_TORCHDIST_SUMMARY``."""
 
@@ -311,6 +331,10 @@ class Config:
         if self.insecure is not None and not isinstance(self.insecure, bool):
             raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
         _choice("summary", self.summary, SUMMARY_MODES)
+        _choice("metrics_aggregation", self.metrics_aggregation, AGGREGATIONS)
+        if self.node_name is not None:
+            _check_run_id("node_name", self.node_name)
+        _number("node_metrics_interval", self.node_metrics_interval, 0.0, None, exclusive_min=True)
         for name in ("system_metrics",):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -523,6 +547,9 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),
     (PREFIX + "METRICS_RANK_LABEL", "metrics_rank_label", _parse_bool),
     (PREFIX + "SUMMARY", "summary", _parse_choice(SUMMARY_MODES)),
+    (PREFIX + "METRICS_AGGREGATION", "metrics_aggregation", _parse_choice(AGGREGATIONS)),
+    (PREFIX + "NODE_NAME", "node_name", _parse_str),
+    (PREFIX + "NODE_METRICS_INTERVAL_MS", "node_metrics_interval", _parse_ms),
     (PREFIX + "TRACE_FIRST_STEPS", "trace_first_steps", _parse_int),
     (PREFIX + "MAX_SPANS_PER_STEP", "max_spans_per_step", _parse_int),
     (PREFIX + "TRACE_EVERY_STEPS", "trace_every_steps", _parse_int),

@@ -65,15 +65,15 @@ def run_id_from_env(configured: str | None) -> str | None:
         return configured
     elastic = os.environ.get("TORCHELASTIC_RUN_ID")
     if elastic and elastic.lower() != "none":
-        return _sanitize(elastic)
+        return sanitize(elastic)
     slurm = os.environ.get("SLURM_JOB_ID")
     if slurm:
         step = os.environ.get("SLURM_STEP_ID")
-        return _sanitize(f"slurm-{slurm}" + (f".{step}" if step else ""))
+        return sanitize(f"slurm-{slurm}" + (f".{step}" if step else ""))
     return None
 
 
-def _sanitize(raw: str) -> str:
+def sanitize(raw: str) -> str:
     return "".join(c if (c.isalnum() or c in "-_.") else "-" for c in raw)[:128]
 
 

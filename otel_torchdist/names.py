@@ -726,6 +726,54 @@ SYSTEM_METRICS = (
 
 METRICS = COLLECTIVE_METRICS + TELEMETRY_METRICS + TRAINING_PATH_METRICS + STEP_METRICS + SYSTEM_METRICS
 
+# How a node's ranks combine into one point under metrics_aggregation="node", for points whose labels
+# (rank dropped, host added) coincide. Counters and histograms not listed are summed: exact, since every
+# rank uses the same bounds. Every gauge is listed (a test checks): "max" where the ranks measure one thing
+# (the model, a GPU, the host) or where the worst rank is the news; "min" where the laggard is.
+NODE_MERGE: dict[str, str] = {
+    MODEL_PARAMETERS.name: "max",
+    MODEL_PARAMETER_BYTES.name: "max",
+    DDP_FORWARD_COMPUTE.name: "max",
+    DDP_BACKWARD_COMPUTE.name: "max",
+    DDP_BACKWARD_COMM.name: "max",
+    DDP_BACKWARD_OVERLAP.name: "max",
+    DDP_BUCKETS.name: "max",
+    STEP_CURRENT.name: "min",
+    STRAGGLER_SCORE.name: "max",
+    STRAGGLER_SLOWEST.name: "max",
+    COLLECTIVE_INFLIGHT_AGE.name: "max",
+    GROUP_SEQ_STARTED.name: "max",
+    GROUP_SEQ_COMPLETED.name: "min",
+    TRAIN_LOSS.name: "mean",
+    TRAIN_LR.name: "mean",
+    TRAIN_SAMPLE_RATE.name: "sum",
+    TRAIN_TOKEN_RATE.name: "sum",
+    TRAIN_ETA.name: "max",
+    GPU_UTILIZATION.name: "max",
+    GPU_MEMORY_USED.name: "max",
+    GPU_MEMORY_TOTAL.name: "max",
+    GPU_POWER.name: "max",
+    GPU_TEMPERATURE.name: "max",
+    GPU_SM_CLOCK.name: "max",
+    GPU_PCIE_THROUGHPUT.name: "max",
+    GPU_NVLINK_IO.name: "max",
+    GPU_THROTTLED.name: "max",
+    GPU_ECC_ERRORS.name: "max",
+    CUDA_ALLOCATED.name: "sum",
+    CUDA_RESERVED.name: "sum",
+    CUDA_PEAK.name: "sum",
+    PROCESS_CPU_UTILIZATION.name: "sum",
+    PROCESS_RSS.name: "sum",
+    PROCESS_OPEN_FDS.name: "sum",
+    HOST_NETWORK_IO.name: "max",
+    AMP_GRAD_SCALE.name: "min",
+}
+NODE_MERGE_RULES = ("sum", "max", "min", "mean")
+
+
+def node_merge(metric: Metric) -> str:
+    return NODE_MERGE.get(metric.name, "sum")
+
 # Seconds. Spans 10 µs (a small CPU collective) to 10 min (a hang being noticed).
 DURATION_BUCKETS = (
     1e-5,

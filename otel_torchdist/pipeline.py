@@ -56,6 +56,8 @@ class Pipeline:
         self.resource: dict[str, Any] | None = None
         self.base_labels: dict[str, str] = {}
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
+        self.metric_interval = cfg.metric_export_interval
+        self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
         self.framework = FrameworkMetrics()
         # step index -> [in-flight intervals (ns), collectives, bytes] until steps.py closes the step
         self.step_stats: dict[int, list] = {}
@@ -276,7 +278,7 @@ class Pipeline:
     def _export_loop(self) -> None:
         cfg = self.cfg
         while not self._stop.is_set():
-            self._wake.wait(min(cfg.span_schedule_delay, cfg.metric_export_interval, 1.0))
+            self._wake.wait(min(cfg.span_schedule_delay, self.metric_interval, 1.0))
             self._wake.clear()
             if self._stop.is_set() or self.resource is None:
                 continue
@@ -287,7 +289,7 @@ class Pipeline:
                 if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
                     self._last_spans = now
                     self.export_spans(now + cfg.for_signal("timeout", "traces") * 2)
-                if urgent or now - self._last_metrics >= cfg.metric_export_interval:
+                if urgent or now - self._last_metrics >= self.metric_interval:
                     self._last_metrics = now
                     self.export_metrics(cfg.for_signal("timeout", "metrics"))
             except Exception as exc:
@@ -346,9 +348,17 @@ class Pipeline:
                 data += source()
             except Exception as exc:
                 health.error("metrics", "a metric source failed", exc)
-        return data + health_metrics(
+        data += health_metrics(
             health.drops(), health.errors(), {k: v for k, v in labels.items() if k in (n.M_RUN, n.M_RANK)}
         )
+        if self.node_merge is not None:
+            try:
+                return self.node_merge(data)
+            except Exception as exc:
+                # This rank's points alone, under the node's labels, would send the node's counters back.
+                health.error("node_metrics", "could not combine the node's metrics; none exported this time", exc)
+                return []
+        return data
 
     def emit_span(self, span: SpanData) -> None:
         """Queue a span built outside the record path (warnings, sharding steps...); bounded like the rest."""

@@ -19,6 +19,7 @@ import logging
 import multiprocessing.util
 import os
 import sys
+import tempfile
 import threading
 import time
 from typing import Any
@@ -28,9 +29,10 @@ from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, later, nccl, optim, record
 from .config import Config
+from .export import node as _node
 from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
-from .identity import Identity, resolve, resource_attributes
+from .identity import Identity, resolve, resource_attributes, sanitize
 from .patching import Patcher
 from .pipeline import Pipeline
 
@@ -105,6 +107,8 @@ class Runtime:
         self._started = False
         self._run_dir_ok = True
         self.watchdog: watchdog.Watchdog | None = None
+        self.node_reader: _node.NodeReader | None = None
+        self.hand_over: _node.HandOver | None = None
         self._lock = threading.RLock()
         self._closed = False
         self._started_at = time.monotonic()
@@ -199,13 +203,17 @@ class Runtime:
             except Exception as exc:
                 health.error("component", f"{comp.name} could not describe the run", exc)
         resource = resource_attributes(ident, cfg.service_name, extra)
+        by_node = cfg.metrics_aggregation == "node" and bool(cfg.resolved_metrics_exporters())
         labels = {n.M_RUN: ident.run_id}
-        if cfg.metrics_rank_label:
+        if cfg.metrics_rank_label and not by_node:
             labels[n.M_RANK] = str(ident.rank)
         span_sinks, metric_sinks = _sinks.build(cfg, folder, ident.rank)
+        exporting = True
+        if by_node:
+            exporting, metric_sinks = self._join_node(ident, metric_sinks)
         self.destinations = [f"traces: {s.describe()}" for s in span_sinks]
         self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
-        if "prometheus" in cfg.resolved_metrics_exporters():
+        if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)
         self._write_json(f"resource.rank{ident.rank}.json", resource)
         self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks)
@@ -218,6 +226,20 @@ class Runtime:
         logs.set_rank(ident.rank)
         self._start_steps(ident)
         self._announce(ident)
+
+    def _join_node(self, ident: Identity, metric_sinks: list) -> tuple[bool, list]:
+        """metrics_aggregation="node": local rank 0 exports the node's metrics, read from the hand-over
+        files the others write instead of exporting. Returns (exports, this rank's metric sinks)."""
+        node_name = self.cfg.node_name or sanitize(ident.host)
+        base = self.folder or os.path.join(tempfile.gettempdir(), f"otel-torchdist-{ident.run_id}")
+        where = _node.directory(base, node_name)
+        if ident.local_rank == 0:
+            self.node_reader = _node.NodeReader(where, ident.rank, node_name)
+            self.pipeline.node_merge = self.node_reader.merge_with
+            return True, metric_sinks
+        self.hand_over = _node.HandOver(where, ident.rank)
+        self.pipeline.metric_interval = self.cfg.node_metrics_interval
+        return False, [self.hand_over]
 
     def _start_steps(self, ident: Identity) -> None:
         cfg = self.cfg
@@ -269,7 +291,8 @@ class Runtime:
             try:
                 endpoint.write_target(
                     os.path.join(self.folder, f"prometheus-targets.rank{ident.rank}.json"),
-                    {"run": ident.run_id, "rank": str(ident.rank)},
+                    # A node's metrics carry no rank: the target must not add one.
+                    {"run": ident.run_id} if self.node_reader else {"run": ident.run_id, "rank": str(ident.rank)},
                 )
             except OSError as exc:
                 health.error("run_folder", "cannot write the Prometheus target file", exc)
@@ -351,10 +374,23 @@ class Runtime:
                 comp.stop()
             except Exception as exc:
                 health.error("component", f"{comp.name} could not stop", exc)
+        self._finish_node()
         self.pipeline.stop(self.cfg.flush_timeout)
         self._finish_summary()
         if self.prometheus is not None:
             self.prometheus.stop()
+
+    def _finish_node(self) -> None:
+        """The node's last figures: the ranks hand over their final points before their own flush (which
+        may wait on a slow span backend), and the exporting rank waits for them, bounded, before its own."""
+        try:
+            if self.hand_over is not None:
+                self.pipeline.drain()
+                self.hand_over.finish(self.pipeline.metric_data())
+            elif self.node_reader is not None:
+                self.node_reader.wait_final(self.cfg.flush_timeout / 2)
+        except Exception as exc:
+            health.error("node_metrics", "could not finish the node's metrics", exc)
 
     def _finish_summary(self) -> None:
         ident = self.identity

@@ -125,9 +125,9 @@ def test_log_level_variable_any_case():
         config.load({}, environ={"OTEL_TORCHDIST_LOG_LEVEL": "loud"})
 
 
-# Values any string option may legitimately hold: a service name, a run folder, a run id or a host name
+# Values any string option may legitimately hold: a service name, a run folder, a run id, a node or a host name
 # can be "nan". Everything else must be refused by name.
-_FREE_FORM = {"service_name", "run_dir", "run_id", "endpoint", "traces_endpoint", "metrics_endpoint", "prometheus_host"}
+_FREE_FORM = {"service_name", "run_dir", "run_id", "node_name", "endpoint", "traces_endpoint", "metrics_endpoint", "prometheus_host"}
 
 
 @pytest.mark.parametrize("option", config.OPTION_NAMES)
