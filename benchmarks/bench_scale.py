@@ -91,6 +91,8 @@ MID_64 = 1 * (64 // PP) + 5  # stage 1 of 4
 MID_BIG = 2 * (BIG // PP) + 225  # stage 2 of 4
 
 EVERY_STEP = {"trace_first_steps": 0, "trace_every_steps": 1}
+# A coarser histogram_buckets: decades from 100 µs to 10 s, then 1 and 10 min (a hang being noticed).
+COARSE = [1e-4, 1e-3, 1e-2, 0.1, 1.0, 10.0, 60.0, 600.0]
 RUNS = (
     # each job at a small and a large world size: per-rank numbers must not depend on it
     Run(key="ddp", scenario="ddp", world=8, rank=0, options=EVERY_STEP),
@@ -104,6 +106,7 @@ RUNS = (
     Run(key="cap-50", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "max_spans_per_step": 50}, steps=6),
     Run(key="no-rank-label", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "metrics_rank_label": False}, steps=6),
     Run(key="no-system", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "system_metrics": False}, steps=6),
+    Run(key="coarse-buckets", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "histogram_buckets": COARSE}, steps=6),
     # step sampling: which steps are traced is decided from the step index alone, so the cheap DDP loop
     # counts it; the rates multiply by each job's spans per traced step
     Run(key="sampling-every", scenario="ddp", world=8, rank=0, options=EVERY_STEP, sampling=True),
@@ -143,7 +146,8 @@ def _worker(spec: dict) -> dict:
     torch.manual_seed(0)
     torch.set_num_threads(1)
     world, rank, steps = spec["world"], spec["rank"], spec["steps"]
-    folder = tempfile.mkdtemp(prefix="otel-torchdist-scale-")
+    os.environ.update(spec.get("env", {}))  # LOCAL_RANK for the node-aggregation run
+    folder = spec.get("run_dir") or tempfile.mkdtemp(prefix="otel-torchdist-scale-")
     run_id = spec.get("run_id", "scale-" + spec["key"])
 
     # Measure every span the pipeline queues, as the exporters will send it.
@@ -206,6 +210,12 @@ def _worker(spec: dict) -> dict:
             comp.sample()
     otel_torchdist.flush()
     pipeline = rt.pipeline
+    if rt.prometheus is None:  # a rank that hands its metrics to its node's local rank 0: nothing to scrape
+        print(json.dumps({"ready": None, "target_file": None}), flush=True)
+        sys.stdin.readline()
+        otel_torchdist.uninstrument()
+        dist.destroy_process_group()
+        return {"spec": spec}
     port = rt.prometheus.port
     host = options["prometheus_host"]
     text = _get(f"http://{host}:{port}/metrics", None)
@@ -473,9 +483,18 @@ def live_prometheus(steps: int) -> dict | None:
     work = tempfile.mkdtemp(prefix="otel-torchdist-scale-prom-")
     targets = os.path.join(work, "targets")
     os.makedirs(targets)
-    runs = {False: "live-rank-label-off"}
+    per_node = LIVE_RANKS // 2
+    runs = {
+        "live-rank-label-off": lambda rank: {"metrics_rank_label": False},
+        "live-node": lambda rank: {
+            "metrics_aggregation": "node",
+            "node_name": "node-a" if rank < per_node else "node-b",
+            "node_metrics_interval": 0.5,
+        },
+    }
+    shared = os.path.join(work, "runs")  # the node run's ranks hand over through a shared run folder
     workers = []
-    for label, run_id in runs.items():
+    for run_id, options in runs.items():
         for rank in range(LIVE_RANKS):
             spec = {
                 "key": f"{run_id}-{rank}",
@@ -483,10 +502,12 @@ def live_prometheus(steps: int) -> dict | None:
                 "scenario": "ddp",
                 "world": LIVE_RANKS,
                 "rank": rank,
-                "options": {"metrics_rank_label": label},
+                "options": options(rank),
                 "steps": steps,
                 "hold": True,
-                "host": "127.0.0.1" if rank < LIVE_RANKS // 2 else "127.0.0.2",
+                "host": "127.0.0.1" if rank < per_node else "127.0.0.2",
+                "run_dir": shared,
+                "env": {"LOCAL_RANK": str(rank % per_node), "LOCAL_WORLD_SIZE": str(per_node)},
             }
             log = open(os.path.join(work, spec["key"] + ".log"), "w")
             workers.append(
@@ -499,7 +520,8 @@ def live_prometheus(steps: int) -> dict | None:
             if not line:
                 raise RuntimeError(f"a live rank exited early; see {work}")
             ready = json.loads(line)
-            shutil.copy(ready["target_file"], os.path.join(targets, f"{i}.prometheus-targets.json"))
+            if ready["target_file"]:
+                shutil.copy(ready["target_file"], os.path.join(targets, f"{i}.prometheus-targets.json"))
         with socket.socket() as sock:
             sock.bind(("127.0.0.1", 0))
             port = sock.getsockname()[1]
@@ -522,10 +544,17 @@ def live_prometheus(steps: int) -> dict | None:
             result = query(expr)
             return float(result[0]["value"][1]) if result else 0.0
 
+        expected_targets = LIVE_RANKS + 2  # the node run: one target per node
+        calls = 'sum by (run) (torchdist_collective_calls_total{op="all_reduce"})'
         deadline = time.monotonic() + 60
-        while True:  # every target scraped at least twice
+        while True:  # every target scraped at least twice, and the node run's hand-overs all in
             try:
-                if scalar("count(count_over_time(up[1m]) >= 2)") >= len(workers):
+                totals = {r["metric"]["run"]: float(r["value"][1]) for r in query(calls)}
+                if (
+                    scalar("count(count_over_time(up[1m]) >= 2)") >= expected_targets
+                    and len(set(totals.values())) == 1
+                    and len(totals) == len(runs)
+                ):
                     break
             except OSError:
                 pass
@@ -533,7 +562,7 @@ def live_prometheus(steps: int) -> dict | None:
                 raise RuntimeError(f"Prometheus did not scrape the live ranks in 60 s; see {work}")
             time.sleep(0.5)
         out = {"version": subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.splitlines()[0]}
-        for label, run_id in runs.items():
+        for run_id in runs:
             sel = f'{{run="{run_id}", __name__=~"torchdist_.*"}}'
             named = f'label_replace({sel}, "name", "$1", "__name__", "(.+)")'
             with urllib.request.urlopen(api + "labels?" + urllib.parse.urlencode({"match[]": sel}), timeout=10) as resp:
@@ -551,6 +580,11 @@ def live_prometheus(steps: int) -> dict | None:
                         f'sum by (node, op) ({NODE.format(sel=f"torchdist_collective_calls_total{{run={chr(34)}{run_id}{chr(34)}}}")})'
                     )
                 ],
+                "calls_by_host": [
+                    (r["metric"].get("host", "-"), r["metric"]["op"], float(r["value"][1]))
+                    for r in query(f'sum by (host, op) (torchdist_collective_calls_total{{run="{run_id}"}})')
+                ],
+                "targets": scalar(f'count(up{{run="{run_id}"}})'),
             }
         return out
     finally:
@@ -795,6 +829,11 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     print(f"  and its own resource: torchdist.rank={off['resource_rank']}, service.instance.id={off['resource_instance']}")
     print(f"system_metrics=False    : {series(nosys)} series ({series(nosys) - base:+d}: "
           + ", ".join(f for f in main["scrape"]["families"] if f not in nosys["scrape"]["families"]) + ")")
+    from otel_torchdist import names as n
+
+    coarse = res["coarse-buckets"]
+    print(f"histogram_buckets={','.join(f'{b:g}' for b in COARSE)}: {series(coarse)} series ({series(coarse) - base:+d}; "
+          f"{len(COARSE) + 3} per histogram label set instead of {len(n.DURATION_BUCKETS) + 3})")
     print()
     _extrapolate(res)
 
@@ -829,10 +868,9 @@ def _extrapolate(res: dict[str, dict]) -> None:
     print(f"(with one GPU per rank add {gpu} series per rank to every total: W x {gpu} = "
           + ", ".join(f"{_fmt(w * gpu)} at {w}" for w in SCALES) + ")")
     print()
-    print(f"Summed per node ({RANKS_PER_NODE} ranks per node) by a recording rule that drops rank and instance: "
-          f"series(W) = W / {RANKS_PER_NODE} x series/rank")
-    print("(the recording rule adds these series; the per-rank ones stay unless they are dropped or only the sums are")
-    print(" sent upward, e.g. by federation or remote_write relabelling; section 8 checks the count on a real Prometheus)")
+    print(f"Summed per node ({RANKS_PER_NODE} ranks per node): series(W) = W / {RANKS_PER_NODE} x series/rank")
+    print("(metrics_aggregation=\"node\" exports only these, plus 5 per node target; a recording rule that drops rank and")
+    print(" instance adds them beside the per-rank ones; section 8 checks both counts on a real Prometheus)")
     for job, small, big in JOBS:
         cells = []
         for w in SCALES:
@@ -887,6 +925,15 @@ def report_live(live: dict | None, res: dict[str, dict]) -> None:
     print(f"sum by (node, op) ({expr}):")
     for node, op, value in r["calls_by_node"]:
         print(f"  node={node} op={op} {value:g}")
+    node_run = live.get("live-node")
+    if node_run:
+        print()
+        print(f"the same job with metrics_aggregation=\"node\" (ranks 0-1 node-a, 2-3 node-b; LOCAL_RANK 0 exports):")
+        print(f"targets: {node_run['targets']:g}; series in Prometheus: {node_run['all']:g} ({node_run['torchdist']:g} torchdist_* + "
+              f"{node_run['all'] - node_run['torchdist']:g} per-target series); label names: {', '.join(node_run['labels'])}")
+        print(f"sum by (host, op) (torchdist_collective_calls_total{{run=\"live-node\"}}):")
+        for host, op, value in node_run["calls_by_host"]:
+            print(f"  host={host} op={op} {value:g}")
 
 
 def _short(w: int) -> str:

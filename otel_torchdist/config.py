@@ -242,6 +242,13 @@ class Config:
     ``metrics_aggregation="node"``): how old a node's figures may be. Env:
     ``OTEL_TORCHDIST_NODE_METRICS_INTERVAL_MS`` (milliseconds)."""
 
+    histogram_buckets: tuple[float, ...] | None = None
+    """Upper bounds, in seconds, of every duration histogram's buckets (collectives, steps, optimizer steps,
+    data-loader waits, checkpoints), strictly increasing; ``+Inf`` is always added. Default: the 23 of
+    ``names.DURATION_BUCKETS``, 10 µs to 10 min. Each bound is one Prometheus series per histogram label
+    set, so fewer bounds are fewer series (docs/scale.md, *Knobs*); every rank of a job must use the same.
+    Env: ``OTEL_TORCHDIST_HISTOGRAM_BUCKETS`` (comma-separated seconds, e.g. ``0.001,0.01,0.1,1,10,60``)."""
+
     summary: str = "rank0"
     """Who prints the end-of-run summary: ``rank0``, ``all`` or ``none``. Env: ``OTEL_TORCHDIST_SUMMARY``."""
 
@@ -332,6 +339,8 @@ class Config:
             raise OptionError("insecure", f"must be True, False or None, got {self.insecure!r}")
         _choice("summary", self.summary, SUMMARY_MODES)
         _choice("metrics_aggregation", self.metrics_aggregation, AGGREGATIONS)
+        if self.histogram_buckets is not None:
+            self.histogram_buckets = _check_bounds("histogram_buckets", self.histogram_buckets)
         if self.node_name is not None:
             _check_run_id("node_name", self.node_name)
         _number("node_metrics_interval", self.node_metrics_interval, 0.0, None, exclusive_min=True)
@@ -467,6 +476,13 @@ def _parse_int(raw: str) -> int:
         raise ValueError("expected an integer") from None
 
 
+def _parse_bounds(raw: str) -> tuple[float, ...]:
+    try:
+        return tuple(float(x) for x in _split_list(raw))
+    except ValueError:
+        raise ValueError("expected comma-separated numbers of seconds") from None
+
+
 def _parse_float(raw: str) -> float:
     try:
         return float(raw)
@@ -550,6 +566,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "METRICS_AGGREGATION", "metrics_aggregation", _parse_choice(AGGREGATIONS)),
     (PREFIX + "NODE_NAME", "node_name", _parse_str),
     (PREFIX + "NODE_METRICS_INTERVAL_MS", "node_metrics_interval", _parse_ms),
+    (PREFIX + "HISTOGRAM_BUCKETS", "histogram_buckets", _parse_bounds),
     (PREFIX + "TRACE_FIRST_STEPS", "trace_first_steps", _parse_int),
     (PREFIX + "MAX_SPANS_PER_STEP", "max_spans_per_step", _parse_int),
     (PREFIX + "TRACE_EVERY_STEPS", "trace_every_steps", _parse_int),
@@ -573,6 +590,16 @@ ENV_VARS = tuple(var for var, _, _ in _ENV)
 def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise OptionError(name, f"must be one of {', '.join(choices)}, got {value!r}")
+
+
+def _check_bounds(name: str, value: Any) -> tuple[float, ...]:
+    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value:
+        raise OptionError(name, f"must be a non-empty list of seconds, got {value!r}")
+    for v in value:
+        _number(name, v, 0.0, None, exclusive_min=True)
+    if any(b <= a for a, b in zip(value, value[1:])):
+        raise OptionError(name, f"must be strictly increasing, got {value!r}")
+    return tuple(float(v) for v in value)
 
 
 def _number(name: str, value: Any, lo: float | None, hi: float | None, exclusive_min: bool = False) -> None:

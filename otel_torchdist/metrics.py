@@ -20,6 +20,7 @@ BOUNDS = n.DURATION_BUCKETS
 
 @dataclass(slots=True)
 class Series:
+    buckets: list[int]
     count: int = 0
     errors: int = 0
     bytes: int = 0
@@ -27,11 +28,11 @@ class Series:
     dur_sum: float = 0.0
     dur_min: float | None = None
     dur_max: float | None = None
-    buckets: list[int] = field(default_factory=lambda: [0] * (len(BOUNDS) + 1))
     exemplars: dict[int, tuple[float, int, int, int]] = field(default_factory=dict)
 
     def copy(self) -> Series:
         return Series(
+            list(self.buckets),
             self.count,
             self.errors,
             self.bytes,
@@ -39,13 +40,13 @@ class Series:
             self.dur_sum,
             self.dur_min,
             self.dur_max,
-            list(self.buckets),
             dict(self.exemplars),
         )
 
 
 class MetricStore:
-    def __init__(self) -> None:
+    def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
+        self.bounds = bounds
         self._lock = threading.Lock()
         self._series: dict[tuple[str, str], Series] = {}
 
@@ -63,7 +64,7 @@ class MetricStore:
         with self._lock:
             s = self._series.get(key)
             if s is None:
-                s = self._series[key] = Series()
+                s = self._series[key] = Series([0] * (len(self.bounds) + 1))
             s.count += 1
             s.bytes += message_size
             s.bus_bytes += bus_bytes
@@ -72,7 +73,7 @@ class MetricStore:
                 s.dur_min = seconds
             if s.dur_max is None or seconds > s.dur_max:
                 s.dur_max = seconds
-            i = bisect.bisect_left(BOUNDS, seconds)
+            i = bisect.bisect_left(self.bounds, seconds)
             s.buckets[i] += 1
             if error:
                 s.errors += 1
@@ -85,7 +86,7 @@ class MetricStore:
 
 
 def collective_metrics(
-    snapshot: dict[tuple[str, str], Series], base_labels: dict[str, str]
+    snapshot: dict[tuple[str, str], Series], base_labels: dict[str, str], bounds: tuple[float, ...] = BOUNDS
 ) -> list[MetricData]:
     """The collective metrics of one snapshot as exporter-neutral points."""
     hist, calls, nbytes, bus, errors = [], [], [], [], []
@@ -97,7 +98,7 @@ def collective_metrics(
                 s.count,
                 s.dur_sum,
                 list(s.buckets),
-                BOUNDS,
+                bounds,
                 s.dur_min,
                 s.dur_max,
                 [s.exemplars[i] for i in sorted(s.exemplars)],
@@ -133,28 +134,29 @@ def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: d
 
 
 class Histogram:
-    """A cumulative histogram of seconds over :data:`BOUNDS`."""
+    """A cumulative histogram of seconds over ``bounds`` (the ``histogram_buckets`` option)."""
 
-    __slots__ = ("count", "sum", "buckets", "min", "max")
+    __slots__ = ("bounds", "count", "sum", "buckets", "min", "max")
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
+        self.bounds = bounds
         self.count = 0
         self.sum = 0.0
-        self.buckets = [0] * (len(BOUNDS) + 1)
+        self.buckets = [0] * (len(bounds) + 1)
         self.min: float | None = None
         self.max: float | None = None
 
     def observe(self, value: float) -> None:
         self.count += 1
         self.sum += value
-        self.buckets[bisect.bisect_left(BOUNDS, value)] += 1
+        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
         if self.min is None or value < self.min:
             self.min = value
         if self.max is None or value > self.max:
             self.max = value
 
     def point(self, labels: dict[str, str]) -> HistogramPoint:
-        return HistogramPoint(labels, self.count, self.sum, list(self.buckets), BOUNDS, self.min, self.max)
+        return HistogramPoint(labels, self.count, self.sum, list(self.buckets), self.bounds, self.min, self.max)
 
 
 class FrameworkMetrics:
@@ -164,7 +166,8 @@ class FrameworkMetrics:
     exporters: one lock.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
+        self.bounds = bounds
         self._lock = threading.Lock()
         self._histograms: dict[tuple[n.Metric, tuple], Histogram] = {}
         self._gauges: dict[tuple[n.Metric, tuple], float] = {}
@@ -175,7 +178,7 @@ class FrameworkMetrics:
         with self._lock:
             h = self._histograms.get((metric, labels))
             if h is None:
-                h = self._histograms[(metric, labels)] = Histogram()
+                h = self._histograms[(metric, labels)] = Histogram(self.bounds)
             h.observe(value)
 
     def set(self, metric: n.Metric, labels: tuple, value: float) -> None:

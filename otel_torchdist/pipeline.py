@@ -43,7 +43,8 @@ _bus_factors: dict[tuple[str, int], float] = {}
 class Pipeline:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
-        self.store = MetricStore()
+        self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
+        self.store = MetricStore(self.bounds)
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         # Sampled spans wait for export already encoded, one deque per wire format the sinks want
         # (bytes and str are not tracked by the garbage collector; SpanData objects would be). Until the
@@ -58,7 +59,7 @@ class Pipeline:
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
         self.metric_interval = cfg.metric_export_interval
         self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
-        self.framework = FrameworkMetrics()
+        self.framework = FrameworkMetrics(self.bounds)
         # step index -> [in-flight intervals (ns), collectives, bytes] until steps.py closes the step
         self.step_stats: dict[int, list] = {}
         self.start_ns = time_ns()
@@ -342,7 +343,7 @@ class Pipeline:
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
-        data = collective_metrics(self.store.snapshot(), labels) + self.framework.metric_data(labels)
+        data = collective_metrics(self.store.snapshot(), labels, self.bounds) + self.framework.metric_data(labels)
         for source in list(self.metric_sources):
             try:
                 data += source()

@@ -21,7 +21,8 @@ import torch
 from .. import names as n
 from ..otlp import MetricData
 from ..patching import Patch
-from .series import Histogram, labels
+from ..metrics import Histogram
+from .series import labels
 
 # Waits not yet folded. Bounded so a stalled sampler cannot grow memory: 2**18 batches between two folds
 # is over 50,000 batches a second at the default 5 s interval.
@@ -50,8 +51,8 @@ def patches() -> list[Patch]:
 
 
 class DataloaderWait:
-    def __init__(self) -> None:
-        self.histogram = Histogram()
+    def __init__(self, bounds: tuple[float, ...] = n.DURATION_BUCKETS) -> None:
+        self.histogram = Histogram(bounds)
         self._lock = threading.Lock()  # between the sampler and exporters; the training thread never takes it
         WAITS.clear()
 

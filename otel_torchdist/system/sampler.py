@@ -85,7 +85,7 @@ class SystemTelemetry(Component):
 
     def start(self, rt: Any) -> None:
         self.rt = rt
-        self.waits = dataloader.DataloaderWait()
+        self.waits = dataloader.DataloaderWait(rt.pipeline.bounds)
         amp.STATE.reset(self.cfg.system_interval)
         try:
             self.patcher.apply(dataloader.patches() + amp.patches())

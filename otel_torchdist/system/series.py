@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import bisect
 from typing import Any
 
 from .. import names as n
-from ..otlp import HistogramPoint
 
 _BASE = (n.M_RUN, n.M_RANK)
 
@@ -43,27 +41,3 @@ class Deltas:
             total += raw - last
         self._total[key] = total
         return total
-
-
-class Histogram:
-    """Explicit-bucket histogram of seconds, fed off the hot path."""
-
-    def __init__(self, bounds: tuple[float, ...] = n.DURATION_BUCKETS) -> None:
-        self.bounds = bounds
-        self.count = 0
-        self.sum = 0.0
-        self.min: float | None = None
-        self.max: float | None = None
-        self.buckets = [0] * (len(bounds) + 1)
-
-    def observe(self, seconds: float) -> None:
-        self.count += 1
-        self.sum += seconds
-        if self.min is None or seconds < self.min:
-            self.min = seconds
-        if self.max is None or seconds > self.max:
-            self.max = seconds
-        self.buckets[bisect.bisect_left(self.bounds, seconds)] += 1
-
-    def point(self, attributes: dict[str, str]) -> HistogramPoint:
-        return HistogramPoint(attributes, self.count, self.sum, list(self.buckets), self.bounds, self.min, self.max)
