@@ -139,6 +139,25 @@ def test_the_exporting_rank_waits_for_the_last_hand_over_then_says_who_is_missin
     assert any("rank3.json" in m and "node n" in m for m in seen), seen
 
 
+def test_a_rank_with_no_exporting_rank_on_its_node_says_so_once(tmp_path, monkeypatch):
+    seen: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: seen.append(record.getMessage())  # type: ignore[method-assign]
+    logging.getLogger("otel_torchdist").addHandler(handler)
+    monkeypatch.setattr(node.HandOver, "grace", 0.0)
+    try:
+        alone = node.HandOver(str(tmp_path / "alone"), 5)
+        alone.export_metrics({}, [], 0, 0)
+        alone.export_metrics({}, [], 0, 0)
+        node.NodeReader(str(tmp_path / "served"), 0, "n")
+        served = node.HandOver(str(tmp_path / "served"), 1)
+        served.export_metrics({}, [], 0, 0)
+    finally:
+        logging.getLogger("otel_torchdist").removeHandler(handler)
+    warnings = [m for m in seen if "no rank with LOCAL_RANK 0" in m]
+    assert len(warnings) == 1 and str(tmp_path / "alone") in warnings[0]
+
+
 @pytest.mark.parametrize(
     "options, message",
     [

@@ -27,6 +27,7 @@ _log = logging.getLogger("otel_torchdist")
 
 _METRICS = {m.name: m for m in n.METRICS}
 _PREFIX, _SUFFIX = "rank", ".json"
+LEADER = "exporter.json"  # written by the node's exporting rank: the others check that someone reads them
 
 
 def directory(folder: str, node: str) -> str:
@@ -143,6 +144,7 @@ class HandOver(Sink):
     """A metric sink for the ranks that do not export: writes their points for the node's exporting rank."""
 
     name = "node"
+    grace = 60.0  # seconds without an exporting rank on the node before saying so
 
     def __init__(self, folder: str, rank: int) -> None:
         self.dir = folder
@@ -150,6 +152,8 @@ class HandOver(Sink):
         self.path = os.path.join(folder, f"{_PREFIX}{rank}{_SUFFIX}")
         self._last: list[MetricData] = []
         self._final = False
+        self._since = time.monotonic()
+        self._reader_seen = False
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None) -> bool:
         self._last = metrics
@@ -173,10 +177,27 @@ class HandOver(Sink):
             with open(tmp, "w", encoding="utf-8") as f:
                 f.write(encode(self.rank, final, self._last))
             os.replace(tmp, self.path)
-            return True
         except Exception as exc:
             health.error("node_metrics", f"cannot hand this rank's metrics over in {self.dir}", exc)
             return False
+        self._check_reader()
+        return True
+
+    def _check_reader(self) -> None:
+        """Say once if no rank of this node exports (no LOCAL_RANK 0 here): these metrics reach no one."""
+        if self._reader_seen:
+            return
+        self._reader_seen = os.path.exists(os.path.join(self.dir, LEADER))
+        if not self._reader_seen and time.monotonic() - self._since > self.grace:
+            self._reader_seen = True  # said once
+            health.error("node_metrics", "no exporting rank on this node", quiet=True)
+            _log.warning(
+                "otel-torchdist: metrics_aggregation=node, but no rank with LOCAL_RANK 0 reads %s after %.0f s: "
+                "this rank's metrics are written there and not exported. Set LOCAL_RANK (torchrun does) or "
+                "node_name so that each node has one local rank 0",
+                self.dir,
+                self.grace,
+            )
 
     def describe(self) -> str:
         return f"handed to the node's local rank 0 through {self.dir}"
@@ -191,6 +212,12 @@ class NodeReader:
         self.node = node
         self._files: dict[str, tuple[tuple[int, int], int, bool, list[MetricData]]] = {}  # path -> (stat, pid, final, data)
         self._retired: list[MetricData] = []  # summed counts of ranks' earlier processes
+        try:
+            os.makedirs(folder, exist_ok=True)
+            with open(os.path.join(folder, LEADER), "w", encoding="utf-8") as f:
+                json.dump({"rank": own_rank, "pid": os.getpid()}, f)
+        except OSError as exc:
+            health.error("node_metrics", f"cannot write {LEADER} in {folder}", exc)
 
     def merge_with(self, own: list[MetricData]) -> list[MetricData]:
         """The node's points: this rank's ``own`` and every other rank's latest hand-over."""
