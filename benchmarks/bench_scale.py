@@ -25,12 +25,12 @@ each run the script counts:
 * every span the pipeline queued (the span encoder is wrapped to measure each one): spans per traced step
   by name, and bytes per span as OTLP protobuf and OTLP/JSON (the bytes that go into an export request);
 * which steps are traced under each step-sampling setting, and what ``max_spans_per_step``,
-  ``metrics_rank_label=False`` and ``system_metrics=False`` change.
+  ``metrics_rank_label=False``, ``system_metrics=False`` and a coarser ``histogram_buckets`` change.
 
 Then it multiplies out to 8, 1 024 and 16 384 ranks (formulas printed with the tables). Last, when a
 ``prometheus`` binary is on PATH, a real Prometheus scrapes a 4-rank job through the run folder's target
-files with deploy/'s scrape settings, to show what it stores with the rank label off and what summing per
-node leaves. Timings are not measured: nothing here depends on how fast the machine is. Takes about 1.5
+files with deploy/'s scrape settings, to show what it stores with the rank label off, what summing per
+node in PromQL leaves, and what it stores with ``metrics_aggregation="node"``. Timings are not measured: nothing here depends on how fast the machine is. Takes about 1.5
 minutes on 2 busy cores. ``docs/scale.md`` quotes the output.
 """
 from __future__ import annotations

@@ -593,7 +593,7 @@ def _choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
 
 
 def _check_bounds(name: str, value: Any) -> tuple[float, ...]:
-    if isinstance(value, (str, bytes)) or not isinstance(value, (tuple, list)) or not value:
+    if not isinstance(value, (tuple, list)) or not value:
         raise OptionError(name, f"must be a non-empty list of seconds, got {value!r}")
     for v in value:
         _number(name, v, 0.0, None, exclusive_min=True)

@@ -3,6 +3,7 @@ scraped by a real Prometheus; the merge rules, hand-over files and restarts on t
 
 from __future__ import annotations
 
+import bisect
 import glob
 import json
 import logging
@@ -25,8 +26,6 @@ BOUNDS = n.DURATION_BUCKETS
 
 def _hist(labels, values, exemplar=None):
     buckets = [0] * (len(BOUNDS) + 1)
-    import bisect
-
     for v in values:
         buckets[bisect.bisect_left(BOUNDS, v)] += 1
     return HistogramPoint(labels, len(values), sum(values), buckets, BOUNDS, min(values), max(values), [exemplar] if exemplar else [])

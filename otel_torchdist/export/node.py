@@ -166,8 +166,9 @@ class HandOver(Sink):
         self._write()
 
     def shutdown(self) -> None:
-        self._final = True
-        self._write()
+        if not self._final:  # finish() did not run (it failed): still mark the last hand-over final
+            self._final = True
+            self._write()
 
     def _write(self) -> bool:
         final = self._final
