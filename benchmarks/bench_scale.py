@@ -104,6 +104,7 @@ RUNS = (
     Run(key="3d-16k-rank0", scenario="3d", world=BIG, rank=0, options=EVERY_STEP),  # first stage, trace root
     # knobs, on the 3-D rank
     Run(key="cap-50", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "max_spans_per_step": 50}, steps=6),
+    Run(key="untraced", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "trace_ranks": "0-7"}, steps=6),
     Run(key="no-rank-label", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "metrics_rank_label": False}, steps=6),
     Run(key="no-system", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "system_metrics": False}, steps=6),
     Run(key="coarse-buckets", scenario="3d", world=64, rank=MID_64, options={**EVERY_STEP, "histogram_buckets": COARSE}, steps=6),
@@ -269,6 +270,7 @@ def _worker(spec: dict) -> dict:
         "resource_instance": resource.get(n.SERVICE_INSTANCE_ID),
         "drops": drops,
         "errors": errors,
+        "calls": sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines() if line.startswith("torchdist_collective_calls_total{")),
     }
 
 
@@ -813,9 +815,14 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
         print(f"{label:<32} {step_spans(r)['traced_steps']:>6} {rule:>7} {len(r['spans']):>6} {share:>14.4g} "
               f"{rate:>15.2f} {rate * s3['pb_per_span']:>14.0f}")
     cap = res["cap-50"]
-    print(f"max_spans_per_step=50 (3d rank): {step_spans(cap)['per_step']:.1f} spans per traced step "
-          f"(collective spans capped; framework spans are not); {cap['drops'].get('span_step_limit', 0)} collectives "
-          f"in {cap['steps']:g} steps counted in torchdist_telemetry_dropped_total{{kind=\"span_step_limit\"}} instead")
+    print(f"max_spans_per_step=50 (3d rank): {step_spans(cap)['per_step']:.1f} spans per traced step, by name: "
+          + ", ".join(f"{k} {v:g}" for k, v in step_spans(cap)["by_name"].items()))
+    print(f"  (collective and framework spans counted alike, plus the parents of those kept); "
+          f"{cap['drops'].get('span_step_limit', 0)} spans in {cap['steps']:g} steps counted in "
+          f"torchdist_telemetry_dropped_total{{kind=\"span_step_limit\"}} instead")
+    untraced = res["untraced"]
+    print(f"trace_ranks=0-7 on the 3d rank {MID_64} (not listed): {len(untraced['spans'])} spans in {untraced['steps']:g} steps; "
+          f"collective calls still counted: {untraced['calls']:g} (the traced 3d rank: {res['cap-50']['calls']:g} in as many steps)")
     print()
 
     # ---- 6. knobs on series
@@ -901,6 +908,16 @@ def _extrapolate(res: dict[str, dict]) -> None:
     for job, _, _ in JOBS:
         print(f"  {job:<6} " + ", ".join(
             f"{_fmt(job_spans_per_step(job, w, res)[0])} at {w}" for w in SCALES if not (job == "3d" and w < PP * TP)))
+    print(f"...with trace_ranks naming one node (0-{RANKS_PER_NODE - 1}) / one rank per node (0-{{W-1}}:{RANKS_PER_NODE}); "
+          "the other ranks export no spans (section 5):")
+    for job, _, _ in JOBS:
+        cells = []
+        for w in SCALES:
+            if job == "3d" and w < PP * TP:
+                continue
+            per_rank = (job_spans_per_step(job, w, res)[0] - 1) / w
+            cells.append(f"{_fmt(min(w, RANKS_PER_NODE) * per_rank + 1)} / {_fmt(max(w // RANKS_PER_NODE, 1) * per_rank + 1)} at {w}")
+        print(f"  {job:<6} " + ", ".join(cells))
 
 
 def report_live(live: dict | None, res: dict[str, dict]) -> None:

@@ -16,12 +16,14 @@ import dataclasses
 import ipaddress
 import math
 import os
+import re
 import urllib.parse
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 PREFIX = "OTEL_TORCHDIST_"
+_MAX_LISTED_RANKS = 1 << 20  # a trace_ranks range naming more is a typo, not a job
 
 TRACES_EXPORTERS = ("otlp", "file", "console", "none")
 METRICS_EXPORTERS = ("otlp", "file", "prometheus", "console", "none")
@@ -138,6 +140,14 @@ class Config:
     """...and then every this-many-th step (1: every step; 0: none after the first ones). Env:
     ``OTEL_TORCHDIST_TRACE_EVERY_STEPS``."""
 
+    trace_ranks: str | tuple[int, ...] | None = None
+    """Ranks that export spans; the others export none (metrics, the hang watchdog's reports, warnings
+    and a failing step's span are kept on every rank). Comma-separated ranks and ranges ``a-b``
+    (inclusive), a range with a stride ``a-b:s``; e.g. ``0-7,1024`` (the first node and one rank of
+    another), ``0-16383:1024``. A list of ints from Python. Default: every rank. What a traced step's
+    trace costs grows with the ranks that trace it (docs/scale.md, *Knobs*). Env:
+    ``OTEL_TORCHDIST_TRACE_RANKS``."""
+
     hang_threshold: float | None = None
     """Seconds a collective may stay in flight before the watchdog reports it (event, log line, metric),
     while the process is still alive. Env: ``OTEL_TORCHDIST_HANG_THRESHOLD_MS``. Default: half the default
@@ -174,10 +184,12 @@ class Config:
     (``torchdist_telemetry_dropped_total{kind="span"}``). Env: ``OTEL_BSP_MAX_QUEUE_SIZE``."""
 
     max_spans_per_step: int = 10000
-    """Most collective spans one rank exports for one training step (0 = no limit); the rest of a traced
-    step is counted (``torchdist_telemetry_dropped_total{kind="span_step_limit"}``), not traced. Keeps a
-    loop that never closes a step (no optimizer, no ``otel_torchdist.step()``) from tracing every
-    collective of the run. Env: ``OTEL_TORCHDIST_MAX_SPANS_PER_STEP``."""
+    """Most spans one rank exports for one training step (0 = no limit): collectives and framework spans
+    (sharding, optimizer, checkpoint) alike, in the order they end, plus the spans those kept point at
+    as parent (so no kept span is an orphan); the step's own spans and warnings are not counted. The rest
+    of a traced step is counted (``torchdist_telemetry_dropped_total{kind="span_step_limit"}``), not
+    traced. Keeps a loop that never closes a step (no optimizer, no ``otel_torchdist.step()``) from
+    tracing every collective of the run. Env: ``OTEL_TORCHDIST_MAX_SPANS_PER_STEP``."""
 
     span_batch_size: int = 512
     """Spans per export request at most. Env: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``."""
@@ -292,6 +304,8 @@ class Config:
             _choice("traces_sampler", self.traces_sampler, SAMPLERS)
         for name in ("trace_first_steps", "trace_every_steps", "straggler_exchange_steps", "max_spans_per_step"):
             _integer(name, getattr(self, name), 0)
+        if self.trace_ranks is not None:
+            self.trace_ranks = _check_ranks("trace_ranks", self.trace_ranks)
         if self.hang_threshold is not None:
             _number("hang_threshold", self.hang_threshold, 0.0, None, exclusive_min=True)
         _number("slow_step_factor", self.slow_step_factor, 0.0, None)
@@ -354,6 +368,15 @@ class Config:
         return self
 
     # ---------------------------------------------------------------------------- derived settings
+    def traces_rank(self, rank: int) -> bool:
+        """Whether ``rank`` exports spans (``trace_ranks``)."""
+        ranks = self.trace_ranks
+        if ranks is None:
+            return True
+        if isinstance(ranks, str):
+            ranks = _check_ranks("trace_ranks", ranks)
+        return rank in ranks
+
     def resolved_traces_exporter(self) -> str:
         if self.traces_exporter is not None:
             return self.traces_exporter
@@ -570,6 +593,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "TRACE_FIRST_STEPS", "trace_first_steps", _parse_int),
     (PREFIX + "MAX_SPANS_PER_STEP", "max_spans_per_step", _parse_int),
     (PREFIX + "TRACE_EVERY_STEPS", "trace_every_steps", _parse_int),
+    (PREFIX + "TRACE_RANKS", "trace_ranks", _parse_str),
     (PREFIX + "HANG_THRESHOLD_MS", "hang_threshold", _parse_ms),
     (PREFIX + "STRAGGLER_EXCHANGE_STEPS", "straggler_exchange_steps", _parse_int),
     (PREFIX + "WARN_SLOW_STEP_FACTOR", "slow_step_factor", _parse_float),
@@ -600,6 +624,32 @@ def _check_bounds(name: str, value: Any) -> tuple[float, ...]:
     if any(b <= a for a, b in zip(value, value[1:])):
         raise OptionError(name, f"must be strictly increasing, got {value!r}")
     return tuple(float(v) for v in value)
+
+
+def _check_ranks(name: str, value: Any) -> tuple[int, ...]:
+    """Normalise a rank selection to the sorted ranks it names."""
+    if isinstance(value, str):
+        ranks: set[int] = set()
+        for item in _split_list(value):
+            m = re.fullmatch(r"(\d+)(?:-(\d+)(?::(\d+))?)?", item)
+            if m is None:
+                raise OptionError(name, f"must be comma-separated ranks and ranges such as 0-7,64 or 0-1023:64; {item!r} is neither")
+            lo = int(m.group(1))
+            hi = int(m.group(2)) if m.group(2) is not None else lo
+            stride = int(m.group(3)) if m.group(3) is not None else 1
+            if hi < lo or stride < 1:
+                raise OptionError(name, f"range {item!r} must go up (a-b with a <= b) with a stride of at least 1")
+            if (hi - lo) // stride >= _MAX_LISTED_RANKS:
+                raise OptionError(name, f"range {item!r} names more than {_MAX_LISTED_RANKS} ranks")
+            ranks.update(range(lo, hi + 1, stride))
+        if not ranks:
+            raise OptionError(name, f"names no rank: {value!r}")
+        return tuple(sorted(ranks))
+    if isinstance(value, (tuple, list, set, frozenset, range)) and value:
+        for v in value:
+            _integer(name, v, 0)
+        return tuple(sorted(set(value)))
+    raise OptionError(name, f"must be a rank list such as '0-7,64' or a non-empty list of ranks, got {value!r}")
 
 
 def _number(name: str, value: Any, lo: float | None, hi: float | None, exclusive_min: bool = False) -> None:

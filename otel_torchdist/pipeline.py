@@ -30,7 +30,7 @@ from .metrics import FrameworkMetrics, MetricStore, collective_metrics, health_m
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
-from .steps import Intervals
+from .steps import StepStats
 
 _log = logging.getLogger("otel_torchdist")
 _BY_ID = groups.BY_ID
@@ -60,8 +60,8 @@ class Pipeline:
         self.metric_interval = cfg.metric_export_interval
         self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
         self.framework = FrameworkMetrics(self.bounds)
-        # step index -> [in-flight intervals (ns), collectives, bytes] until steps.py closes the step
-        self.step_stats: dict[int, list] = {}
+        self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
+        self.last_closed_step = 0
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
@@ -199,31 +199,17 @@ class Pipeline:
             trace_id, parent_span_id, sampled = step[1], step[2], step[3]
         else:
             trace_id, parent_span_id, sampled = self.parent_of(rec[_PARENT], rec[_CTX], step)
-        in_step = 0
+        stats = None
         if step is not None:
             stats = self.step_stats.get(step[0])
             if stats is None:
-                if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
-                    del self.step_stats[next(iter(self.step_stats))]
-                stats = self.step_stats[step[0]] = [Intervals(), 0, 0]
-            stats[0].append((rec[_T_START], rec[_T_END]))
-            stats[1] += 1
-            stats[2] += nbytes
-            in_step = stats[1]
+                stats = self.open_step_stats(step[0])
+            stats.intervals.append((rec[_T_START], rec[_T_END]))
+            stats.collectives += 1
+            stats.nbytes += nbytes
         exemplar = None
-        if sampled:
-            cap = self.cfg.max_spans_per_step
-            if cap and in_step > cap:
-                # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
-                health.dropped("span_step_limit")
-                if in_step == cap + 1:
-                    _log.info(
-                        "otel-torchdist: step %d has more than %d collectives; the rest of it is not traced "
-                        "(max_spans_per_step / OTEL_TORCHDIST_MAX_SPANS_PER_STEP; mark steps with otel_torchdist.step())",
-                        step[0],
-                        cap,
-                    )
-            elif (queued := self.queued_spans()) < self.cfg.span_queue_size:
+        if sampled and (stats is None or self.admit(stats, None, None if parent_span_id == step[2] else parent_span_id)):
+            if (queued := self.queued_spans()) < self.cfg.span_queue_size:
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 self._enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
@@ -235,6 +221,39 @@ class Pipeline:
         seq = rec[_SEQ]
         if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED:
             gi.last_completed = seq
+
+    def stop_tracing(self) -> None:
+        """This rank is not one of ``trace_ranks``: no span is sampled from now on (warnings, hang reports
+        and a failing step's span do not go through sampling)."""
+        self.sampler = Sampler("always_off", 0.0)
+
+    def open_step_stats(self, index: int) -> StepStats:
+        if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
+            del self.step_stats[next(iter(self.step_stats))]
+        stats = self.step_stats[index] = StepStats()
+        return stats
+
+    def admit(self, stats: StepStats, span_id: int | None, parent: int | None) -> bool:
+        """Whether one more span of a traced step fits ``max_spans_per_step``; a span that a kept span
+        points at as its parent always does (no orphans). What does not fit is counted."""
+        cap = self.cfg.max_spans_per_step
+        if not cap:
+            return True
+        if stats.spans >= cap and (span_id is None or span_id not in stats.parents):
+            health.dropped("span_step_limit")
+            if not stats.capped:
+                # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
+                stats.capped = True
+                _log.info(
+                    "otel-torchdist: a step has more than %d spans; the rest of it is not traced "
+                    "(max_spans_per_step / OTEL_TORCHDIST_MAX_SPANS_PER_STEP; mark steps with otel_torchdist.step())",
+                    cap,
+                )
+            return False
+        stats.spans += 1
+        if parent is not None:
+            stats.parents.add(parent)
+        return True
 
     def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:
         return self.parent_of(rec[R.PARENT], rec[R.CTX], rec[R.STEPCTX])

@@ -211,7 +211,11 @@ class Runtime:
         exporting = True
         if by_node:
             exporting, metric_sinks = self._join_node(ident, metric_sinks)
-        self.destinations = [f"traces: {s.describe()}" for s in span_sinks]
+        traced = cfg.traces_rank(ident.rank)
+        if not traced:
+            self.pipeline.stop_tracing()
+            self.steps.traced = False
+        self.destinations = [f"traces: {s.describe()}" + ("" if traced else " (warnings only: not in trace_ranks)") for s in span_sinks]
         self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)

@@ -120,6 +120,22 @@ class Intervals:
         return union_seconds(self.head + self._clipped_tail(), lo, hi) + self.folded / 1e9
 
 
+class StepStats:
+    """What the drain thread gathers about one step until the step closes: its collectives' in-flight
+    intervals, count and bytes, and the spans it admitted under ``max_spans_per_step`` (with the parents
+    they point at, which are admitted beyond the cap)."""
+
+    __slots__ = ("intervals", "collectives", "nbytes", "spans", "parents", "capped")
+
+    def __init__(self) -> None:
+        self.intervals = Intervals()
+        self.collectives = 0
+        self.nbytes = 0
+        self.spans = 0
+        self.parents: set[int] = set()
+        self.capped = False
+
+
 class StepTracker:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -141,6 +157,7 @@ class StepTracker:
         self._recent: deque[float] = deque(maxlen=101)
         self._last_slow_warning = -10**9
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
+        self.traced = True  # False on a rank trace_ranks leaves out
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
@@ -162,6 +179,8 @@ class StepTracker:
                 self.end(final=True, error=(etype, message))
 
     def sampled(self, index: int, trace_id: int) -> bool:
+        if not self.traced:
+            return False
         if self.cfg.traces_sampler is not None and self.pipeline is not None:
             return self.pipeline.sampler.root(trace_id)
         every = self.cfg.trace_every_steps
@@ -169,7 +188,11 @@ class StepTracker:
 
     def begin(self, index: int | None = None, source: str = "explicit", t_start: int | None = None) -> int:
         with self._lock:
-            if self.open:
+            if self.open and not (
+                # An explicit step numbered like the open optimizer-closed one would share its trace and span
+                # ids: what that one holds so far (set-up before the loop) becomes part of the explicit step.
+                source == "explicit" and self.source == "optimizer" and index is not None and int(index) == self.index
+            ):
                 # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
                 self.end(final=source == "explicit" and self.source == "optimizer")
             self.index = self.index + 1 if index is None else int(index)
@@ -255,8 +278,9 @@ class StepTracker:
 def _close_step(pipeline: Any, tracker: StepTracker, info: dict) -> None:
     index = info["index"]
     t0, t1 = info["t_start"], info["t_end"]
-    stats = pipeline.step_stats.pop(index, None) or (Intervals(), 0, 0)
-    intervals, count, nbytes = stats
+    stats = pipeline.step_stats.pop(index, None) or StepStats()
+    pipeline.last_closed_step = max(pipeline.last_closed_step, index)
+    intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
     duration = max(t1 - t0, 0) / 1e9
     wait = min(intervals.union_seconds(t0, t1), duration)
     compute = max(duration - wait, 0.0)

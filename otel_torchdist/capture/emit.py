@@ -14,6 +14,7 @@ from typing import Any
 
 from opentelemetry.trace.propagation import _SPAN_KEY
 
+from .. import names as n
 from ..otlp import SpanData
 from ..spans import new_span_id, new_trace_id
 from . import record as R
@@ -63,8 +64,17 @@ def _build(pipeline, name, t_start, t_end, attributes, snap, opened, error, even
     else:
         trace_id, span_id, parent = opened
         sampled = pipeline.sampled(trace_id, *snap)
+    step = snap[2]
     if not sampled:
-        return
+        if name != n.SPAN_WARNING:
+            return
+        trace_id, span_id, parent = new_trace_id(), new_span_id(), None  # a warning is never sampled away
+    elif step is not None and name != n.SPAN_WARNING:
+        stats = pipeline.step_stats.get(step[0])
+        if stats is None and step[0] > pipeline.last_closed_step:
+            stats = pipeline.open_step_stats(step[0])
+        if stats is not None and not pipeline.admit(stats, span_id, None if parent == step[2] else parent):
+            return
     off = pipeline.offset_ns
     start = t_start + off
     span = SpanData(name, trace_id, span_id, parent, start, max(t_end + off, start), attributes, error=error)
