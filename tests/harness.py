@@ -23,7 +23,13 @@ def free_port() -> int:
 def start_ranks(scenario: str, world_size: int, out: str, args: dict | None = None, env: dict | None = None):
     """Start ``scenario`` in ``world_size`` gloo ranks in the background; returns the Popen."""
     os.makedirs(out, exist_ok=True)
-    full_env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""), **(env or {})}
+    full_env = {
+        **os.environ,
+        "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", ""),
+        # A rank killed by a signal (a C++ abort) prints every thread's Python stack into the log.
+        "PYTHONFAULTHANDLER": "1",
+        **(env or {}),
+    }
     log = open(os.path.join(out, "launcher.log"), "w")
     return subprocess.Popen(
         [sys.executable, "-m", "tests.launcher", scenario, str(world_size), out, json.dumps(args or {})],
@@ -43,7 +49,10 @@ def finish_ranks(proc, out: str, world_size: int, timeout: float = 240) -> list[
     errors = sorted(glob.glob(os.path.join(out, "error.rank*.txt")))
     if proc.returncode != 0 or errors:
         detail = "\n".join(open(e).read() for e in errors)
-        raise AssertionError(f"ranks failed (rc={proc.returncode}):\n{detail}\n{_log(out)}")
+        done = [r for r in range(world_size) if os.path.exists(os.path.join(out, f"result.rank{r}.json"))]
+        raise AssertionError(
+            f"ranks failed (rc={proc.returncode}); ranks that returned from the scenario: {done}:\n{detail}\n{_log(out)}"
+        )
     results = []
     for rank in range(world_size):
         with open(os.path.join(out, f"result.rank{rank}.json")) as f:

@@ -35,6 +35,13 @@ def _entry(rank: int, name: str, world_size: int, port: int, out: str, args: dic
         raise
     with open(os.path.join(out, f"result.rank{rank}.json"), "w") as f:
         json.dump(result, f, default=str)
+    # DDP modules sit in reference cycles that hold their process groups: left to the collection at
+    # interpreter exit, a gloo group's destructor joins worker threads that may still need the GIL, and
+    # the rank dies of SIGABRT ("terminate called without an active exception"). Collect them now.
+    import gc
+
+    del result
+    gc.collect()
 
 
 def main() -> None:
