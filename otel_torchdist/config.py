@@ -370,12 +370,7 @@ class Config:
     # ---------------------------------------------------------------------------- derived settings
     def traces_rank(self, rank: int) -> bool:
         """Whether ``rank`` exports spans (``trace_ranks``)."""
-        ranks = self.trace_ranks
-        if ranks is None:
-            return True
-        if isinstance(ranks, str):
-            ranks = _check_ranks("trace_ranks", ranks)
-        return rank in ranks
+        return self.trace_ranks is None or rank in self.trace_ranks
 
     def resolved_traces_exporter(self) -> str:
         if self.traces_exporter is not None:

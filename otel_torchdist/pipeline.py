@@ -46,6 +46,7 @@ class Pipeline:
         self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
         self.store = MetricStore(self.bounds)
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
+        self.traced = True  # False on a rank trace_ranks leaves out (stop_tracing)
         # Sampled spans wait for export already encoded, one deque per wire format the sinks want
         # (bytes and str are not tracked by the garbage collector; SpanData objects would be). Until the
         # sinks are known (before init_process_group) they wait as SpanData in ``pending``.
@@ -208,7 +209,7 @@ class Pipeline:
             stats.collectives += 1
             stats.nbytes += nbytes
         exemplar = None
-        if sampled and (stats is None or self.admit(stats, None, None if parent_span_id == step[2] else parent_span_id)):
+        if sampled and (stats is None or self.admit(stats, step, None, parent_span_id)):
             if (queued := self.queued_spans()) < self.cfg.span_queue_size:
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 self._enqueue(span)
@@ -223,8 +224,9 @@ class Pipeline:
             gi.last_completed = seq
 
     def stop_tracing(self) -> None:
-        """This rank is not one of ``trace_ranks``: no span is sampled from now on (warnings, hang reports
-        and a failing step's span do not go through sampling)."""
+        """This rank is not one of ``trace_ranks``: no span is sampled from now on, steps included (warnings,
+        hang reports and a failing step's span do not go through sampling)."""
+        self.traced = False
         self.sampler = Sampler("always_off", 0.0)
 
     def open_step_stats(self, index: int) -> StepStats:
@@ -233,8 +235,8 @@ class Pipeline:
         stats = self.step_stats[index] = StepStats()
         return stats
 
-    def admit(self, stats: StepStats, span_id: int | None, parent: int | None) -> bool:
-        """Whether one more span of a traced step fits ``max_spans_per_step``; a span that a kept span
+    def admit(self, stats: StepStats, step: tuple, span_id: int | None, parent: int | None) -> bool:
+        """Whether one more span of traced ``step`` fits ``max_spans_per_step``; a span that a kept span
         points at as its parent always does (no orphans). What does not fit is counted."""
         cap = self.cfg.max_spans_per_step
         if not cap:
@@ -251,7 +253,7 @@ class Pipeline:
                 )
             return False
         stats.spans += 1
-        if parent is not None:
+        if parent is not None and parent != step[2]:  # the step's own span is never capped
             stats.parents.add(parent)
         return True
 

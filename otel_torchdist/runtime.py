@@ -214,7 +214,6 @@ class Runtime:
         traced = cfg.traces_rank(ident.rank)
         if not traced:
             self.pipeline.stop_tracing()
-            self.steps.traced = False
         self.destinations = [f"traces: {s.describe()}" + ("" if traced else " (warnings only: not in trace_ranks)") for s in span_sinks]
         self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():

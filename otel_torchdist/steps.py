@@ -157,7 +157,6 @@ class StepTracker:
         self._recent: deque[float] = deque(maxlen=101)
         self._last_slow_warning = -10**9
         self._optimizers: weakref.WeakSet = weakref.WeakSet()
-        self.traced = True  # False on a rank trace_ranks leaves out
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
@@ -179,7 +178,7 @@ class StepTracker:
                 self.end(final=True, error=(etype, message))
 
     def sampled(self, index: int, trace_id: int) -> bool:
-        if not self.traced:
+        if self.pipeline is not None and not self.pipeline.traced:
             return False
         if self.cfg.traces_sampler is not None and self.pipeline is not None:
             return self.pipeline.sampler.root(trace_id)

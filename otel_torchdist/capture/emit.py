@@ -73,7 +73,7 @@ def _build(pipeline, name, t_start, t_end, attributes, snap, opened, error, even
         stats = pipeline.step_stats.get(step[0])
         if stats is None and step[0] > pipeline.last_closed_step:
             stats = pipeline.open_step_stats(step[0])
-        if stats is not None and not pipeline.admit(stats, span_id, None if parent == step[2] else parent):
+        if stats is not None and not pipeline.admit(stats, step, span_id, parent):
             return
     off = pipeline.offset_ns
     start = t_start + off
