@@ -41,6 +41,17 @@ def _mlp(width: int = 512) -> nn.Module:
     return nn.Sequential(nn.Linear(64, width), nn.ReLU(), nn.Linear(width, width), nn.ReLU(), nn.Linear(width, 64))
 
 
+def _fsdp_mlp() -> nn.Module:
+    """The MLP with FSDP2 on each Linear and on the whole."""
+    from torch.distributed.fsdp import fully_shard
+
+    m = _mlp()
+    for layer in (m[0], m[2], m[4]):
+        fully_shard(layer)
+    fully_shard(m)
+    return m
+
+
 def _time(step, steps: int, warmup: int = 3) -> float:
     """The median of ``steps`` timed steps after ``warmup``, in ms."""
     for _ in range(warmup):
@@ -122,16 +133,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
             rows["torch.profiler"].append(_time(plain_step, args.steps))
 
     # ---- FSDP2
-    from torch.distributed.fsdp import fully_shard
-
-    def fsdp_model():
-        m = _mlp()
-        for layer in (m[0], m[2], m[4]):
-            fully_shard(layer)
-        fully_shard(m)
-        return m
-
-    plain_fsdp = fsdp_model()
+    plain_fsdp = _fsdp_mlp()
     plain_step = train_step(plain_fsdp, torch.optim.SGD(plain_fsdp.parameters(), lr=0.01))
     rows = results["FSDP2"] = {"plain": [], "instrumented": []}
     for _ in range(args.rounds):

@@ -19,6 +19,7 @@ from ._version import __version__
 from .instrumentor import TorchDistributedInstrumentor
 
 from .logs import get_logger, rank_zero_info, rank_zero_only, rank_zero_warning
+from .steps import TRACKER as _TRACKER
 
 __all__ = [
     "instrument",
@@ -54,10 +55,7 @@ def uninstrument() -> None:
 
 
 def _tracker():
-    from . import runtime
-
-    rt = runtime.current()
-    return rt.steps if rt is not None else None
+    return _TRACKER[0]  # the running runtime's step tracker, or None
 
 
 def step_begin(n: int | None = None, *, total: int | None = None) -> int | None:

@@ -1,0 +1,366 @@
+"""Instructions, not seconds: what otel-torchdist and the alternatives add, counted by callgrind.
+
+    python benchmarks/bench_instructions.py [--steps 40] [--calls 4000] [--idle 20]
+
+Needs valgrind (``apt-get install valgrind``); takes about 20 minutes on 2 cores. On a shared or small
+machine wall time moves by more than a 1 % effect (see docs/performance.md), while the instructions a
+piece of code executes do not depend on what else runs there. So this benchmark runs two processes under
+callgrind and counts every thread's instructions per section of work (``callgrind_control --zero`` before
+it, ``--dump`` after). Each measurement is two sections of different lengths, ``n/4`` and ``n`` steps (or
+calls); their difference divided by the difference in length is the cost per step, without the fixed costs
+(a flush's metric export, the profiler's start and stop, callgrind's own requests).
+
+* DDP (1 gloo rank, the MLP of bench_training.py): plain (DDP's builtin C++ hook), instrumented with the
+  default settings in steady state, every step traced, torch's Python ``allreduce_hook`` (what any Python
+  comm hook costs), CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes
+  the events, counted); FSDP2 plain and instrumented. otel-torchdist's timers (drain, export, system
+  metrics) are held back in these sections; a flush after each counts the deferred work of its steps
+  ("deferred"), and the idle section counts what the timers cost at rest, per second, default settings.
+* The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
+  thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
+  collective and in units of one plain call.
+
+Counts include the interpreter's garbage collections wherever they fall, so they move a little between
+runs. Instructions are not time: a cache miss or a thread hand-off (each DDP bucket's completion runs
+Python on gloo's thread, under the GIL) costs time no instruction count shows. Read this beside
+bench_training.py, not instead of it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import os
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+STEP = 20  # collectives per training step in the hot path's default-sampling section
+
+
+def _callgrind(option: str) -> None:
+    """Ask callgrind to act on this process; returns once it has (callgrind_control waits for it)."""
+    subprocess.run(["callgrind_control", option, str(os.getpid())], check=True, stdout=subprocess.DEVNULL)
+
+
+def _section(label: str, work) -> None:
+    """Count ``work``: zero every thread's counters, run it, dump them tagged ``label``."""
+    _callgrind("--zero")
+    work()
+    _callgrind("--dump=" + label)
+
+
+# ------------------------------------------------------------------------------------------ DDP child
+# Everything otel-torchdist does on a timer waits past the sections, so that the flush that ends each one
+# is where the deferred work of its steps is counted; what the timers cost on their own is the idle section.
+QUIET = dict(drain_interval=3600.0, span_schedule_delay=3600.0, metric_export_interval=3600.0, system_interval=3600.0)
+
+
+def _ddp_child(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.distributed.tensor.debug import CommDebugMode
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from torch.profiler import ProfilerActivity, profile
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+    from bench_training import STEADY, _fsdp_mlp, _mlp
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    options = dict(run_dir=tempfile.mkdtemp(prefix="otel-torchdist-bench-"), summary="none", prometheus_port=0)
+    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+
+    def trainer(model):
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+
+        def step():
+            model(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+
+        return step
+
+    def steps(step, n):
+        for _ in range(n):
+            step()
+
+    def counted(label, step, flush=None):
+        """Two sections of different lengths: their difference is the cost per step, without fixed costs."""
+        for n in _lengths(args.steps):
+            _section(f"{label}:{n}:steps", lambda: steps(step, n))
+            if flush is not None:
+                _section(f"{label}:{n}:flush", flush)
+
+    def instrumented(label, step, **extra):
+        otel_torchdist.instrument(**options, **QUIET, **extra)
+        flush = lambda: runtime.current().flush(600)  # noqa: E731
+        steps(step, STEADY)  # past the steps the default sampling traces in full
+        flush()
+        counted(label, step, flush)
+        otel_torchdist.uninstrument()
+
+    plain = DDP(_mlp())
+    plain._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    plain_step = trainer(plain)
+    steps(plain_step, 3)
+    counted("DDP plain", plain_step)
+
+    python_hook = DDP(_mlp())
+    python_hook.register_comm_hook(None, allreduce_hook)
+    python_hook_step = trainer(python_hook)
+    steps(python_hook_step, 3)
+    counted("DDP torch Python hook", python_hook_step)
+
+    otel_torchdist.instrument(**options)
+    hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
+    otel_torchdist.uninstrument()
+    instrumented("DDP instrumented", hooked_step)
+    instrumented("DDP every step traced", hooked_step, trace_every_steps=1)
+
+    def debug_step():
+        # One CommDebugMode per step: one across several steps trips over its own module stack.
+        with CommDebugMode():
+            plain_step()
+
+    steps(debug_step, 3)
+    counted("DDP CommDebugMode", debug_step)
+
+    with profile(activities=[ProfilerActivity.CPU]):  # the profiler's one-time set-up, outside the count
+        steps(plain_step, 3)
+    for n in _lengths(args.steps):
+        def profiled(n=n):
+            with profile(activities=[ProfilerActivity.CPU]):  # its __exit__ processes the events: counted
+                steps(plain_step, n)
+
+        _section(f"DDP torch.profiler:{n}:steps", profiled)
+
+    fsdp_step = trainer(_fsdp_mlp())
+    steps(fsdp_step, 3)
+    counted("FSDP2 plain", fsdp_step)
+    instrumented("FSDP2 instrumented", fsdp_step)
+
+    # The timers at rest, default settings: drain, span export, metric export, system metrics, watchdog.
+    otel_torchdist.instrument(**options)
+    time.sleep(2.0)
+    _section("idle", lambda: time.sleep(args.idle))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+
+
+def _lengths(steps: int) -> tuple[int, int]:
+    return max(1, steps // 4), steps
+
+
+# ------------------------------------------------------------------------------------- hot-path child
+def _hot_child(args: argparse.Namespace) -> None:
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+    from bench_hot_path import _loop
+
+    torch.set_num_threads(1)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)
+    t = torch.ones(1024)
+    folder = tempfile.mkdtemp(prefix="otel-torchdist-bench-")
+
+    def loop(n: int, step_every: int = 0) -> None:
+        _loop(n, n, t, step_every=step_every)  # looks dist.all_reduce up per call: instrument() replaces it
+
+    loop(200)
+    variants = {
+        "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
+        "default": ({}, STEP),
+        "always_off": ({"traces_sampler": "always_off"}, 0),
+    }
+    for variant, (extra, step_every) in variants.items():
+        for n in _lengths(args.calls):
+            _section(f"{variant} plain:{n}:steps", lambda: loop(n, step_every))
+        otel_torchdist.instrument(
+            run_dir=folder,
+            run_id=f"bench-{variant}",
+            metrics_exporter=("file",),
+            traces_exporter="file",
+            span_queue_size=args.calls + 11 * STEP,  # everything a section and its warm-up queue fits
+            max_queued_records=args.calls + 11 * STEP,
+            summary="none",
+            system_metrics=False,
+            straggler_exchange_steps=0,
+            slow_step_factor=0,  # the benchmark's own pauses between sections are not slow steps
+            **QUIET,
+            **extra,
+        )
+        flush = lambda: runtime.current().flush(600)  # noqa: E731
+        loop(11 * STEP, step_every)  # warm: group facts, call-site caches, past the 10 fully traced steps
+        flush()
+        for n in _lengths(args.calls):
+            _section(f"{variant} hot:{n}:steps", lambda: loop(n, step_every))
+            _section(f"{variant} hot:{n}:flush", flush)
+        otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+
+
+# ------------------------------------------------------------------------------------------ the parent
+_PART = re.compile(r"\.(\d+)-(\d+)$")
+
+
+def _read(folder: str) -> tuple[dict[str, int], dict[str, int]]:
+    """{label: instructions of the main thread}, {label: instructions of all threads} from the dumps."""
+    main: dict[str, int] = {}
+    every: dict[str, int] = {}
+    dumps = [(int(m.group(1)), m.group(2), p) for p in glob.glob(os.path.join(folder, "cg.*")) if (m := _PART.search(p))]
+    for _, thread, path in sorted(dumps):  # in the order of the sections; the termination dump has no part
+        label = count = None
+        with open(path) as f:
+            for line in f:
+                if line.startswith("desc: Trigger: dump "):
+                    label = line[len("desc: Trigger: dump ") :].strip()
+                elif line.startswith("summary:"):
+                    count = int(line.split()[1])
+                    break
+        if label is None or count is None:
+            continue
+        every[label] = every.get(label, 0) + count
+        if thread == "01":
+            main[label] = main.get(label, 0) + count
+    return main, every
+
+
+def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+    here = os.path.dirname(os.path.abspath(__file__))
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
+    work = tempfile.mkdtemp(prefix="otel-torchdist-callgrind-")
+    procs = {}
+    for child in ("ddp", "hot"):
+        folder = os.path.join(work, child)
+        os.makedirs(folder)
+        cmd = [
+            "valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={folder}/cg.%p",
+            sys.executable, os.path.abspath(__file__), "--child", child,
+            "--steps", str(args.steps), "--calls", str(args.calls), "--idle", str(args.idle),
+        ]  # fmt: skip
+        log = open(os.path.join(folder, "log.txt"), "w")
+        procs[child] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), folder, log)
+    results = {}
+    for child, (proc, folder, log) in procs.items():
+        if proc.wait() != 0:
+            log.close()
+            sys.stderr.write(open(os.path.join(folder, "log.txt")).read()[-4000:])
+            raise SystemExit(f"the {child} run under callgrind failed (exit {proc.returncode}); its log is above")
+        log.close()
+        results[child] = _read(folder)
+    shutil.rmtree(work, ignore_errors=True)
+    return results
+
+
+def _per_unit(counts: dict[str, int], total: int) -> dict[tuple[str, str], float]:
+    """{(variant, "steps"|"flush"): instructions per step (or per call)} from the two section lengths."""
+    short, long = _lengths(total)
+    out = {}
+    for label in counts:
+        variant, n, kind = label.rsplit(":", 2)
+        if int(n) == long:
+            out[(variant, kind)] = (counts[label] - counts[f"{variant}:{short}:{kind}"]) / (long - short)
+    return out
+
+
+def _pct(x: float, base: float) -> str:
+    return f"{(x / base - 1) * 100:+7.1f}%"
+
+
+def _report(args: argparse.Namespace, results: dict) -> None:
+    import torch
+
+    version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
+    print(f"# instructions counted by callgrind ({version}); {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}")
+
+    main, every = results["ddp"]
+    idle = every.pop("idle") / args.idle
+    main.pop("idle")
+    on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
+    short, long = _lengths(args.steps)
+    print(f"# 1 gloo rank, MLP 64-512-512-64, batch 32; per step, from sections of {short} and {long} steps")
+    print(f"{'variant':<24} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
+    for variant, kind in on_thread:
+        if kind != "steps":
+            continue
+        base = on_thread[(variant.split()[0] + " plain", "steps")]
+        base_all = whole[(variant.split()[0] + " plain", "steps")]
+        mine = on_thread[(variant, "steps")]
+        deferred = whole.get((variant, "flush"), 0.0)
+        total = whole[(variant, "steps")] + deferred
+        line = f"{variant:<24} {mine / 1e6:13.2f} M"
+        line += f" {'':>8}" if mine == base else f" {_pct(mine, base)}"
+        line += f" {deferred / 1e6:7.2f} M {total / 1e6:10.2f} M"
+        line += "" if mine == base else f" {_pct(total, base_all)}"
+        print(line)
+
+    def added(variant: str) -> float:
+        return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0) - whole[("DDP plain", "steps")]
+
+    ours = added("DDP instrumented")
+    for tool in ("DDP CommDebugMode", "DDP torch.profiler"):
+        theirs = added(tool)
+        ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing"
+        print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
+    print(f"timers at rest (default settings, all threads): {idle / 1e6:.2f} M instructions per second")
+
+    main, every = results["hot"]
+    on_thread, whole = _per_unit(main, args.calls), _per_unit(every, args.calls)
+    short, long = _lengths(args.calls)
+    print(f"# fake backend, 1024-element all_reduce; per collective, from sections of {short} and {long} calls")
+    print(f"{'variant':<44} {'instructions':>13} {'plain calls':>12}")
+    labels = {
+        "always_on": "100% traced",
+        "default": f"default sampling, a step every {STEP} calls",
+        "always_off": "metrics only (sampler always_off)",
+    }
+    for variant, label in labels.items():
+        plain = on_thread[(f"{variant} plain", "steps")]
+        added_here = on_thread[(f"{variant} hot", "steps")] - plain
+        deferred = whole[(f"{variant} hot", "flush")]
+        print(f"{label}:")
+        rows = (
+            ("plain dist.all_reduce", plain),
+            ("added on the training thread", added_here),
+            ("deferred: metrics, spans, OTLP/JSON file", deferred),
+            ("whole (added + deferred)", added_here + deferred),
+        )
+        for name, value in rows:
+            print(f"{'  ' + name:<44} {value:13.0f} {value / plain:12.2f}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--steps", type=int, default=40, help="DDP/FSDP2 steps per section (default 40)")
+    parser.add_argument("--calls", type=int, default=4000, help="collectives per hot-path section (default 4000)")
+    parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle section (default 20)")
+    parser.add_argument("--child", choices=("ddp", "hot"), help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
+    if args.child == "ddp":
+        _ddp_child(args)
+        return 0
+    if args.child == "hot":
+        _hot_child(args)
+        return 0
+    if shutil.which("valgrind") is None or shutil.which("callgrind_control") is None:
+        print("needs valgrind with callgrind_control on PATH (apt-get install valgrind)", file=sys.stderr)
+        return 2
+    start = time.monotonic()
+    results = _run_children(args)
+    _report(args, results)
+    print(f"# {time.monotonic() - start:.0f} s under callgrind")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
