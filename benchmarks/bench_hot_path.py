@@ -110,7 +110,7 @@ def main(argv: list[str] | None = None) -> int:
                 summary="none",
                 system_metrics=False,
                 straggler_exchange_steps=0,
-            slow_step_factor=0,  # the benchmark's own pauses between chunks are not slow steps
+                slow_step_factor=0,  # the benchmark's own pauses between chunks are not slow steps
                 **options,
             )
             pipeline = runtime.current().pipeline

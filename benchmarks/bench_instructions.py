@@ -252,11 +252,11 @@ def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], d
         procs[child] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), folder, log)
     results = {}
     for child, (proc, folder, log) in procs.items():
-        if proc.wait() != 0:
-            log.close()
+        proc.wait()
+        log.close()
+        if proc.returncode != 0:
             sys.stderr.write(open(os.path.join(folder, "log.txt")).read()[-4000:])
             raise SystemExit(f"the {child} run under callgrind failed (exit {proc.returncode}); its log is above")
-        log.close()
         results[child] = _read(folder)
     shutil.rmtree(work, ignore_errors=True)
     return results
@@ -290,26 +290,23 @@ def _report(args: argparse.Namespace, results: dict) -> None:
     short, long = _lengths(args.steps)
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch 32; per step, from sections of {short} and {long} steps")
     print(f"{'variant':<24} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
+    def total(variant: str) -> float:  # all threads, the deferred work included
+        return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
+
     for variant, kind in on_thread:
         if kind != "steps":
             continue
-        base = on_thread[(variant.split()[0] + " plain", "steps")]
-        base_all = whole[(variant.split()[0] + " plain", "steps")]
+        plain = variant.split()[0] + " plain"
         mine = on_thread[(variant, "steps")]
-        deferred = whole.get((variant, "flush"), 0.0)
-        total = whole[(variant, "steps")] + deferred
         line = f"{variant:<24} {mine / 1e6:13.2f} M"
-        line += f" {'':>8}" if mine == base else f" {_pct(mine, base)}"
-        line += f" {deferred / 1e6:7.2f} M {total / 1e6:10.2f} M"
-        line += "" if mine == base else f" {_pct(total, base_all)}"
+        line += f" {'':>8}" if variant == plain else f" {_pct(mine, on_thread[(plain, 'steps')])}"
+        line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {total(variant) / 1e6:10.2f} M"
+        line += "" if variant == plain else f" {_pct(total(variant), total(plain))}"
         print(line)
 
-    def added(variant: str) -> float:
-        return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0) - whole[("DDP plain", "steps")]
-
-    ours = added("DDP instrumented")
+    ours = total("DDP instrumented") - total("DDP plain")
     for tool in ("DDP CommDebugMode", "DDP torch.profiler"):
-        theirs = added(tool)
+        theirs = total(tool) - total("DDP plain")
         ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing"
         print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
     print(f"timers at rest (default settings, all threads): {idle / 1e6:.2f} M instructions per second")
