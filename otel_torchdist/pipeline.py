@@ -63,6 +63,7 @@ class Pipeline:
         self.framework = FrameworkMetrics(self.bounds)
         self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
         self.last_closed_step = 0
+        self.step_tracker: Any = None  # the StepTracker whose steps' closes this drain runs (steps.py)
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
@@ -166,13 +167,15 @@ class Pipeline:
                     health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
                 count += 1
             # After the records: a step's close (deferred) must see the records of that step.
-            deferred = record.DEFERRED
+            deferred, registered = record.DEFERRED, record.DRAINED
             while deferred:
                 try:
                     fn, args = deferred.popleft()
                 except IndexError:
                     break
                 try:
+                    if fn.__class__ is int:
+                        fn = registered[fn]
                     fn(self, *args)
                 except Exception as exc:
                     health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)

@@ -26,7 +26,6 @@ import hashlib
 import logging
 import statistics
 import threading
-import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
@@ -41,14 +40,28 @@ _log = logging.getLogger("otel_torchdist")
 
 
 def step_ids(run_id: str, index: int, rank: int) -> tuple[int, int, int]:
-    """(trace id, root span id, this rank's step span id) of step ``index``: the same on every rank."""
-    h = hashlib.sha256(f"{run_id}:step:{index}".encode()).digest()
-    rank_span = hashlib.sha256(f"{run_id}:step:{index}:rank:{rank}".encode()).digest()
+    """(trace id, root span id, this rank's step span id) of step ``index``: the same on every rank.
+
+    SHA-256 of ``"{run_id}:step:{index}"`` and of ``"{run_id}:step:{index}:rank:{rank}"``, each continued
+    from the hash of the prefix they share (half the cost of hashing each from the start)."""
+    prefix = _prefixes.get(run_id)
+    if prefix is None:
+        if len(_prefixes) > 8:
+            _prefixes.clear()
+        prefix = _prefixes[run_id] = hashlib.sha256(f"{run_id}:step:".encode())
+    step = prefix.copy()
+    step.update(b"%d" % index)
+    rank_span = step.copy()
+    rank_span.update(b":rank:%d" % rank)
+    h, r = step.digest(), rank_span.digest()
     return (
         int.from_bytes(h[:16], "big") or 1,
         int.from_bytes(h[16:24], "big") or 1,
-        int.from_bytes(rank_span[:8], "big") or 1,
+        int.from_bytes(r[:8], "big") or 1,
     )
+
+
+_prefixes: dict[str, Any] = {}
 
 
 def union_seconds(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
@@ -147,22 +160,26 @@ class StepTracker:
         self.open = False
         self.t_start = 0
         self.source = "optimizer"
-        self.user: dict[str, float] = {}
+        self.user: dict[str, float] | None = None  # made by the first record() of a step
         self.total: int | None = None
         self.backward: list[tuple[int, int]] = []
+        # Step ids the drain thread computed ahead (index -> step_ids): two SHA-256 per step off the
+        # training thread. Replaced, not cleared, when the run id changes (see prepare_ids).
+        self._ids: dict[int, tuple[int, int, int]] = {}
         self.deep: Any = None
         self.pipeline: Any = None
         self.exchange: Any = None
         self._lock = threading.RLock()
         self._recent: deque[float] = deque(maxlen=101)
         self._last_slow_warning = -10**9
-        self._optimizers: weakref.WeakSet = weakref.WeakSet()
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
         with self._lock:
             self.pipeline = pipeline
+            pipeline.step_tracker = self
             self.run_id, self.rank, self.world = run_id, rank, world
+            self._ids = {}
             if not self.explicit and not self.open:
                 self.begin(source="optimizer")
 
@@ -197,13 +214,14 @@ class StepTracker:
             self.index = self.index + 1 if index is None else int(index)
             self.source = source
             self.t_start = perf_counter_ns() if t_start is None else t_start
-            self.user = {}
-            self.backward = []
+            self.user = None
+            self.backward.clear()
             self.open = True
             if self.run_id is None:
                 R.STEP[0] = None  # identity not known yet: no shared trace possible
                 return self.index
-            trace, root, rank_span = step_ids(self.run_id, self.index, self.rank)
+            ids = self._ids.pop(self.index, None)
+            trace, root, rank_span = ids if ids is not None else step_ids(self.run_id, self.index, self.rank)
             R.STEP[0] = (self.index, trace, rank_span, self.sampled(self.index, trace), root)
             return self.index
 
@@ -226,36 +244,36 @@ class StepTracker:
             self.open = False
             if ctx is None or self.pipeline is None:
                 return
-            info = {
-                "index": ctx[0],
-                "trace": ctx[1],
-                "rank_span": ctx[2],
-                "sampled": ctx[3],
-                "root": ctx[4],
-                "t_start": self.t_start,
-                "t_end": t_end,
-                "source": self.source,
-                "user": dict(self.user),
-                "backward": list(self.backward),
-                "final": final,
-                "error": error,
-                "warmup": warmup,
-            }
-            R.defer(_close_step, self, info)
+            user = self.user
+            if user is not None:
+                user = tuple(user.get(key) for key in _USER_KEYS)
+            # Flat values only (the step context and the intervals are tuples of numbers): nothing for the
+            # garbage collector to follow while the step waits for the drain.
+            R.defer(
+                _close_step, ctx, self.t_start, t_end, self.source, user, tuple(self.backward), final, error, warmup
+            )
 
-    def on_optimizer_step(self, optimizer: Any, t_start: int, t_end: int) -> None:
-        """An optimizer step ended: it closes the current training step (unless steps are explicit)."""
+    def on_optimizer_step(self, first: bool, t_start: int, t_end: int) -> None:
+        """An optimizer step ended: it closes the current training step (unless steps are explicit).
+        ``first``: that optimizer's first step, whose step is warm-up."""
         if self.explicit or R.in_backward():  # optimizer-in-backward steps each parameter, not the loop
             return
         with self._lock:
-            try:
-                warmup = optimizer not in self._optimizers
-                self._optimizers.add(optimizer)
-            except TypeError:  # not weak-referenceable
-                warmup = False
             if self.open:
-                self.end(t_end, warmup=warmup)
+                self.end(t_end, warmup=first)
             self.begin(source="optimizer", t_start=t_end)
+
+    def prepare_ids(self) -> None:
+        """On the drain thread: compute the ids of the coming steps, so that begin() finds them."""
+        table = self._ids  # before the run id: attach() sets the run id, then a new table
+        run_id, rank, index = self.run_id, self.rank, self.index
+        if run_id is None or index + IDS_AHEAD // 2 in table:
+            return
+        for stale in [k for k in table if k <= index]:  # numbers an explicit step skipped
+            table.pop(stale, None)
+        for i in range(index + 1, index + IDS_AHEAD + 1):
+            if i not in table:
+                table[i] = step_ids(run_id, i, rank)
 
     def record(self, **values: float | None) -> None:
         with self._lock:
@@ -263,6 +281,8 @@ class StepTracker:
                 if value is None:
                     continue
                 value = float(value)
+                if self.user is None:
+                    self.user = {}
                 if key in ("samples", "tokens"):
                     self.user[key] = self.user.get(key, 0.0) + value
                 else:
@@ -274,9 +294,30 @@ class StepTracker:
 
 
 # ---------------------------------------------------------------------------------- background part
-def _close_step(pipeline: Any, tracker: StepTracker, info: dict) -> None:
-    index = info["index"]
-    t0, t1 = info["t_start"], info["t_end"]
+IDS_AHEAD = 512  # steps whose ids the drain keeps ready: a drain interval's steps, for steps down to ~1 ms
+_USER_KEYS = ("loss", "learning_rate", "samples", "tokens")
+
+
+@R.drained
+def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backward, final, error, warmup) -> None:
+    tracker = pipeline.step_tracker
+    tracker.prepare_ids()
+    index, trace, rank_span, sampled, root = ctx
+    info = {
+        "index": index,
+        "trace": trace,
+        "rank_span": rank_span,
+        "sampled": sampled,
+        "root": root,
+        "t_start": t0,
+        "t_end": t1,
+        "source": source,
+        "user": {} if user is None else {k: v for k, v in zip(_USER_KEYS, user) if v is not None},
+        "backward": backward,
+        "final": final,
+        "error": error,
+        "warmup": warmup,
+    }
     stats = pipeline.step_stats.pop(index, None) or StepStats()
     pipeline.last_closed_step = max(pipeline.last_closed_step, index)
     intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes

@@ -26,7 +26,7 @@ PARENT_TRACE = 3
 PARENT_SPAN = 4
 EXTRAS = 5
 
-_EMPTY = (None, None, None, None, None, ())
+EMPTY = (None, None, None, None, None, ())
 
 
 def derive(
@@ -37,7 +37,7 @@ def derive(
     extras: tuple = (),
 ) -> tuple:
     """The context :func:`push` would enter, without entering it (for a record made on the spot)."""
-    base = TLS.ctx or _EMPTY
+    base = TLS.ctx or EMPTY
     return (
         framework or base[FRAMEWORK],
         module or base[MODULE],

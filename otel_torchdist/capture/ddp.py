@@ -47,7 +47,6 @@ from ..patching import Patch
 from . import c10d as c10d_capture
 from . import completion, context, emit, groups
 from . import record as R
-from .ops import describe_tensor
 
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
@@ -64,7 +63,7 @@ SOURCE = "ddp_hook"
 class _Trampoline:
     """The comm hook state the reducer holds: which hook to run, on which state."""
 
-    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "__weakref__")
+    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "contexts", "__weakref__")
 
     def __init__(self, ddp: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -73,6 +72,9 @@ class _Trampoline:
         self.inner_state = ddp.process_group
         self.user_hook_registered = False
         self.ddp = weakref.ref(ddp)
+        # (bucket index, bytes, last) -> (the context it covers, the bucket's context): a bucket's facts are
+        # the same every step once DDP has rebuilt its buckets (after the first), so they are read once.
+        self.contexts: dict[tuple, tuple] = {}
 
 
 # True while instrumented (patches() sets it): a trampoline outlives uninstrument() on its model, and must
@@ -86,39 +88,60 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
     if not _LIVE:
         return state.inner_hook(state.inner_state, bucket)
     if state.inner_hook is _allreduce_hook:
-        fut = _allreduce_bucket(state.inner_state, bucket)
+        fut = _allreduce_bucket(state, bucket)
         if fut is not None:
             return fut
     try:
-        token = context.push(framework="ddp", phase="backward", extras=_bucket_facts(bucket, bucket.buffer()))
+        buffer = bucket.buffer()
+        token = R.TLS.ctx
+        R.TLS.ctx = _bucket_context(state, bucket, buffer.numel() * buffer.element_size())
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return state.inner_hook(state.inner_state, bucket)
     try:
         return state.inner_hook(state.inner_state, bucket)
     finally:
-        context.pop(token)
+        R.TLS.ctx = token
 
 
-def _bucket_facts(bucket: dist.GradBucket, buffer: torch.Tensor) -> tuple:
-    return (
+def _bucket_context(state: _Trampoline, bucket: dist.GradBucket, nbytes: int) -> tuple:
+    base = R.TLS.ctx
+    key = (bucket.index(), nbytes, bucket.is_last())
+    cached = state.contexts.get(key)
+    if cached is not None and cached[0] is base:
+        return cached[1]
+    facts = (
         n.DDP_BUCKET_INDEX,
-        bucket.index(),
+        key[0],
         n.DDP_BUCKET_BYTES,
-        buffer.numel() * buffer.element_size(),
+        nbytes,
         n.DDP_BUCKET_PARAMS,
         len(bucket.parameters()),
         n.DDP_BUCKET_LAST,
-        bucket.is_last(),
+        key[2],
     )
+    ctx = context.derive(framework="ddp", phase="backward", extras=facts)
+    state.contexts[key] = (base, ctx)  # one per bucket layout: a backward in another context recomputes
+    return ctx
 
 
-def _allreduce_bucket(group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor] | None:
+def _options() -> Any:
+    opts = dist.AllreduceOptions()
+    opts.reduceOp = _SUM
+    opts.asyncOp = True
+    return opts
+
+
+_OPTIONS = _options()  # read only: the backend copies what it needs when the call is issued
+
+
+def _allreduce_bucket(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor] | None:
     """``default_hooks.allreduce_hook`` with the bucket recorded here; None: take the general path.
 
     Mirrors ``dist.all_reduce(tensor, group, async_op=True)`` for the only case it is used for: one plain
     real tensor of a group this rank belongs to, outside torch function modes and coalescing blocks.
     """
+    group = state.inner_state
     tensor = bucket.buffer()
     if group is None:
         group = c10d._get_default_group()
@@ -134,22 +157,25 @@ def _allreduce_bucket(group: Any, bucket: dist.GradBucket) -> torch.futures.Futu
         if gi is None:
             return None
         rec = R.new("all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid)
-        describe_tensor(tensor, rec)
+        numel = tensor.numel()  # a bucket's buffer is flat
+        nbytes = numel * tensor.element_size()
+        rec[R.NBYTES] = nbytes
+        rec[R.NUMEL] = numel
+        rec[R.NTENSORS] = 1
+        rec[R.DTYPE] = tensor.dtype
+        rec[R.SHAPES] = (1, numel)
         rec[R.ASYNC] = True
         rec[R.REDOP] = _SUM
         rec[R.PARENT] = c10d_capture._parent_span()
-        rec[R.CTX] = context.derive(framework="ddp", phase="backward", extras=_bucket_facts(bucket, tensor))
+        rec[R.CTX] = _bucket_context(state, bucket, nbytes)
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return None
-    opts = dist.AllreduceOptions()
-    opts.reduceOp = _SUM
-    opts.asyncOp = True
     # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
     tensor.div_(group.size())
     rec[R.T_START] = perf_counter_ns()
     try:
-        work = group.allreduce([tensor], opts)
+        work = group.allreduce([tensor], _OPTIONS)
     except BaseException as exc:
         c10d_capture._fail(rec, exc)
         raise

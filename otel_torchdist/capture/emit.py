@@ -52,10 +52,11 @@ def span_later(
 ) -> None:
     """Queue a span from ``t_start`` to ``t_end`` (perf_counter_ns). ``then(pipeline)`` runs first, on the
     drain thread (metric updates)."""
-    R.defer(_build, name, t_start, t_end, attributes, snap, opened, error, events, then)
+    R.defer(build, name, t_start, t_end, attributes, snap, opened, error, events, then)
 
 
-def _build(pipeline, name, t_start, t_end, attributes, snap, opened, error, events, then) -> None:
+@R.drained
+def build(pipeline, name, t_start, t_end, attributes, snap, opened, error, events, then) -> None:
     if then is not None:
         then(pipeline)
     if opened is None:
@@ -75,6 +76,8 @@ def _build(pipeline, name, t_start, t_end, attributes, snap, opened, error, even
             stats = pipeline.open_step_stats(step[0])
         if stats is not None and not pipeline.admit(stats, step, span_id, parent):
             return
+    if callable(attributes):  # described only when sampled
+        attributes = attributes()
     off = pipeline.offset_ns
     start = t_start + off
     span = SpanData(name, trace_id, span_id, parent, start, max(t_end + off, start), attributes, error=error)

@@ -10,6 +10,7 @@ their phase to ``optimizer``.
 
 from __future__ import annotations
 
+import functools
 import sys
 import threading
 import weakref
@@ -23,8 +24,36 @@ from . import record as R
 
 _tls = threading.local()
 _handles: list[Any] = []
-_step_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
-_listeners: list[Any] = []  # called (optimizer, t_start, t_end) after each outermost step (steps.py)
+# Called (first, t_start, t_end) after each outermost step (steps.py); first: that optimizer's first step.
+_listeners: list[Any] = []
+
+
+class _Seen:
+    """What the hooks keep per optimizer: its steps so far and its parameter count."""
+
+    __slots__ = ("count", "groups", "params")
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.groups = -1
+        self.params = 0
+
+
+# id(optimizer) -> _Seen, dropped when the optimizer is collected: a plain dict read per step, where a
+# WeakKeyDictionary made a weak reference in Python on every lookup.
+_seen: dict[int, _Seen] = {}
+
+
+def _state(optimizer: Any) -> _Seen:
+    key = id(optimizer)
+    seen = _seen.get(key)
+    if seen is None:
+        seen = _seen[key] = _Seen()
+        try:
+            weakref.finalize(optimizer, _seen.pop, key, None)
+        except TypeError:
+            pass  # not weak-referenceable: kept for the process
+    return seen
 
 
 def install() -> None:
@@ -40,36 +69,56 @@ def remove() -> None:
     _handles.clear()
 
 
-def _stack_depth() -> int:
-    frame, depth = sys._getframe(2), 0
+class _Running:
+    """This thread's outermost optimizer step in progress (one object per thread: slot reads, where each
+    attribute of a threading.local is a dictionary lookup)."""
+
+    __slots__ = ("depth", "frame", "token", "optimizer", "inner", "snap", "opened", "t_start")
+
+    def __init__(self) -> None:
+        self.depth = 0
+        self.frame = self.token = self.optimizer = self.inner = self.snap = self.opened = None
+        self.t_start = 0
+
+
+def _running() -> _Running:
+    try:
+        return _tls.running
+    except AttributeError:
+        _tls.running = _Running()
+        return _tls.running
+
+
+def _encloses(outer: Any, frame: Any) -> bool:
     while frame is not None:
+        if frame is outer:
+            return True
         frame = frame.f_back
-        depth += 1
-    return depth
+    return False
 
 
 def _pre(optimizer, args, kwargs) -> None:
     try:
-        depth = getattr(_tls, "depth", 0)
-        stack = _stack_depth()
-        if depth and stack <= _tls.stack:
-            # Not nested in the step we think is running: that step raised, so its post hook never ran.
-            context.pop(_tls.token)
-            depth = 0
-        _tls.depth = depth + 1
-        if depth:
-            if type(optimizer) is not type(_tls.optimizer):
-                _tls.inner = type(optimizer).__name__
+        st = _running()
+        # The frame that called the hook (torch's step wrapper) runs until the step ends: a step that finds
+        # one open outside its own stack knows that step raised, so its post hook never ran.
+        caller = sys._getframe(1)
+        if st.depth and not _encloses(st.frame, caller.f_back):
+            R.TLS.ctx = st.token
+            st.depth = 0
+        if st.depth:
+            st.depth += 1
+            if type(optimizer) is not type(st.optimizer):
+                st.inner = type(optimizer).__name__
             return
+        st.depth = 1
         snap = emit.snapshot()
+        fw = snap[1]
         opened = emit.open_span(snap)
-        _tls.optimizer = optimizer
-        _tls.inner = None
-        _tls.snap = snap
-        _tls.opened = opened
-        _tls.token = context.push(phase="optimizer", parent=(opened[0], opened[1]))
-        _tls.stack = stack
-        _tls.t_start = perf_counter_ns()
+        base = fw or context.EMPTY
+        R.TLS.ctx = (base[0], base[1], "optimizer", opened[0], opened[1], base[5])
+        st.frame, st.token, st.optimizer, st.inner, st.snap, st.opened = caller, fw, optimizer, None, snap, opened
+        st.t_start = perf_counter_ns()
     except Exception as exc:
         health.error("optimizer", "could not start an optimizer.step record", exc)
     # None: returning a value from a pre-hook would replace the step's arguments.
@@ -77,62 +126,93 @@ def _pre(optimizer, args, kwargs) -> None:
 
 def _post(optimizer, args, kwargs) -> None:
     try:
-        depth = getattr(_tls, "depth", 1) - 1
-        _tls.depth = max(depth, 0)
-        if depth:
+        st = _running()
+        if st.depth > 1:
+            st.depth -= 1
             return
+        if not st.depth:
+            return  # its pre hook ran before instrument()
         t_end = perf_counter_ns()
-        context.pop(_tls.token)
-        count = _step_counts.get(optimizer, 0) + 1
-        _step_counts[optimizer] = count
-        attrs = describe(optimizer, _tls.inner, count)
-        cls = type(optimizer).__name__
-        t_start = _tls.t_start
-        emit.span_later(
-            n.SPAN_OPTIMIZER_STEP,
+        st.depth = 0
+        R.TLS.ctx = st.token
+        seen = _state(optimizer)
+        seen.count += 1
+        groups = optimizer.param_groups
+        if len(groups) != seen.groups:
+            # Parameters join an optimizer through add_param_group: counted again when the groups change.
+            seen.params = sum(p.numel() for g in groups for p in g["params"])
+            seen.groups = len(groups)
+        t_start = st.t_start
+        # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
+        R.defer(
+            _finished,
+            type(optimizer).__name__,
+            st.inner,
+            seen.count,
+            R.in_backward(),
+            seen.groups,
+            seen.params,
+            _hyper(groups),
             t_start,
             t_end,
-            attrs,
-            _tls.snap,
-            _tls.opened,
-            then=lambda pipeline: pipeline.framework.observe(
-                n.OPTIMIZER_STEP_DURATION, (cls,), (t_end - t_start) / 1e9
-            ),
+            st.snap,
+            st.opened,
         )
-        _tls.optimizer = _tls.snap = None
+        st.frame = st.optimizer = st.snap = None
         for listener in _listeners:
-            listener(optimizer, t_start, t_end)
+            listener(seen.count == 1, t_start, t_end)
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)
 
 
-_param_counts: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+def _hyper(groups: list[dict]) -> tuple:
+    """Each group's lr, momentum and betas as they are for this step, flat."""
+    out: tuple = ()
+    for g in groups:
+        lr, momentum, betas = g.get("lr"), g.get("momentum"), g.get("betas")
+        if lr.__class__ is not float:
+            lr = _now(lr)
+        out += (lr, momentum, betas)
+    return out
 
 
-def describe(optimizer: Any, inner: str | None, step_index: int) -> list[tuple[str, Any]]:
-    groups = optimizer.param_groups
-    cached = _param_counts.get(optimizer)
-    shape = tuple(len(g["params"]) for g in groups)
-    if cached is None or cached[0] != shape:
-        cached = (shape, sum(p.numel() for g in groups for p in g["params"]))
-        _param_counts[optimizer] = cached
+def _now(value: Any) -> Any:
+    """A CPU tensor's value now (a scheduler may change it before the drain reads it); a device tensor is
+    read on the drain thread, since reading it here would wait for the device."""
+    device = getattr(value, "device", None)
+    if device is not None and device.type == "cpu":
+        return _number(value)
+    return value
+
+
+@R.drained
+def _finished(pipeline, cls, inner, count, in_backward, ngroups, nparams, hyper, t_start, t_end, snap, opened) -> None:
+    pipeline.framework.observe(n.OPTIMIZER_STEP_DURATION, (cls,), (t_end - t_start) / 1e9)
+    attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
+    emit.build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
+
+
+def describe(
+    cls: str, inner: str | None, step_index: int, in_backward: bool, ngroups: int, nparams: int, hyper: tuple
+) -> list[tuple[str, Any]]:
     attrs: list[tuple[str, Any]] = [
-        (n.OPT_CLASS, type(optimizer).__name__),
-        (n.OPT_PARAM_GROUPS, len(groups)),
-        (n.OPT_PARAMS, cached[1]),
+        (n.OPT_CLASS, cls),
+        (n.OPT_PARAM_GROUPS, ngroups),
+        (n.OPT_PARAMS, nparams),
         (n.OPT_STEP, step_index),
-        (n.OPT_IN_BACKWARD, R.in_backward()),
+        (n.OPT_IN_BACKWARD, in_backward),
     ]
     if inner:
         attrs.append((n.OPT_INNER_CLASS, inner))
-    lrs = [_number(g.get("lr")) for g in groups]
-    if all(v is not None for v in lrs):
+    lrs = [_number(v) for v in hyper[0::3]]
+    if lrs and all(v is not None for v in lrs):
         attrs.append((n.OPT_LR, tuple(lrs)))
-    momenta = [_number(g.get("momentum")) for g in groups]
-    if all(v is not None for v in momenta) and "momentum" in groups[0]:
+    momenta = [_number(v) for v in hyper[1::3]]
+    if momenta and all(v is not None for v in momenta):
         attrs.append((n.OPT_MOMENTUM, tuple(momenta)))
-    if "betas" in groups[0]:
-        attrs.append((n.OPT_BETAS, tuple(",".join(str(_number(b)) for b in g["betas"]) for g in groups)))
+    betas = hyper[2::3]
+    if betas and all(b is not None for b in betas):
+        attrs.append((n.OPT_BETAS, tuple(",".join(str(_number(b)) for b in pair) for pair in betas)))
     return attrs
 
 

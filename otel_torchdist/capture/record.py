@@ -110,8 +110,20 @@ _dropped = [0]
 
 
 # Work the background thread does for the framework captures (building an optimizer-step or sharding span,
-# updating their metrics): (callable, args) pairs, bounded by the same limit as records.
+# updating their metrics): (function, args) pairs, bounded by the same limit as records. A function
+# registered with :func:`drained` is queued as its index: a function is an object the garbage collector
+# tracks, so a pair holding one stays tracked until the drain frees it, while a pair of an index and flat
+# arguments is untracked by the first young collection, like a record.
 DEFERRED: deque[tuple[Any, tuple]] = deque()
+DRAINED: list[Any] = []
+_index: dict[Any, int] = {}
+
+
+def drained(fn):
+    """Register a module-level function that runs deferred work (decorator)."""
+    _index[fn] = len(DRAINED)
+    DRAINED.append(fn)
+    return fn
 
 
 def set_limit(max_records: int) -> None:
@@ -120,7 +132,7 @@ def set_limit(max_records: int) -> None:
 
 def defer(fn, *args) -> None:
     if len(DEFERRED) < _limit[0]:
-        DEFERRED.append((fn, args))
+        DEFERRED.append((_index.get(fn, fn), args))
     else:
         _dropped[0] += 1
 
