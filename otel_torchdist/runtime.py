@@ -318,7 +318,7 @@ class Runtime:
             + "; ".join(self.destinations)
         )
         if self._speaks(ident):
-            print(msg, file=sys.stderr, flush=True)
+            _say(msg)
         else:
             _log.info(msg)
 
@@ -434,7 +434,7 @@ class Runtime:
             f"({ident.backend}), {time.monotonic() - self._started_at:.1f} s instrumented"
         )
         try:
-            print(_summary.render(header, table, footer), file=sys.stderr, flush=True)
+            _say(_summary.render(header, table, footer))
         except Exception:
             pass
 
@@ -470,3 +470,10 @@ def _at_exit() -> None:
         rt.close(restore=False)
     except Exception as exc:
         health.error("flush", "could not flush telemetry at exit", exc)
+
+
+def _say(text: str) -> None:
+    """One write per message: print() writes the text and its newline separately, and a warning the
+    export thread logs in between lands in the middle of the line."""
+    sys.stderr.write(text + "\n")
+    sys.stderr.flush()
