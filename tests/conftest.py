@@ -19,6 +19,18 @@ def fake_pg():
 
 
 @pytest.fixture
+def gloo_alone():
+    """A 1-rank gloo group in the test process (DDP needs a backend whose futures carry the tensors)."""
+    import torch.distributed as dist
+
+    assert not dist.is_initialized()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield dist.group.WORLD
+    if dist.is_initialized():
+        dist.destroy_process_group()
+
+
+@pytest.fixture
 def instrumented(tmp_path):
     """instrument() into a temporary run folder; always uninstrumented afterwards."""
     import otel_torchdist

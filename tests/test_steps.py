@@ -251,18 +251,6 @@ def test_step_ids_continue_the_prefix_hash():
     assert rank_span == int.from_bytes(hashlib.sha256(b"run-z:step:42:rank:3").digest()[:8], "big")
 
 
-@pytest.fixture
-def gloo_alone():
-    """A 1-rank gloo group in the test process (DDP needs a backend whose futures carry the tensors)."""
-    import torch.distributed as dist
-
-    assert not dist.is_initialized()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    yield dist.group.WORLD
-    if dist.is_initialized():
-        dist.destroy_process_group()
-
-
 def test_queued_work_of_a_training_step_is_untracked_by_the_collector(gloo_alone, instrumented):
     """What a DDP step leaves queued for the drain (bucket records, the optimizer step, the step's close)
     is tuples of numbers and strings: the collector untracks such tuples as it meets them, so thousands
