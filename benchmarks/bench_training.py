@@ -52,17 +52,19 @@ def _fsdp_mlp() -> nn.Module:
     return m
 
 
-def _time(step, steps: int, warmup: int = 3) -> float:
-    """The median of ``steps`` timed steps after ``warmup``, in ms."""
+def _time(step, steps: int, warmup: int = 3) -> tuple[float, float]:
+    """The median of ``steps`` timed steps after ``warmup``, in ms: wall time, and the CPU time of the
+    training thread (this one: forward, the CPU autograd engine's backward, comm hooks, optimizer)."""
     for _ in range(warmup):
         step()
-    times = []
-    clock = time.perf_counter
+    times, cpu = [], []
+    clock, thread_clock = time.perf_counter, time.thread_time
     for _ in range(steps):
-        start = clock()
+        start, start_cpu = clock(), thread_clock()
         step()
+        cpu.append(thread_clock() - start_cpu)
         times.append(clock() - start)
-    return statistics.median(times) * 1e3
+    return statistics.median(times) * 1e3, statistics.median(cpu) * 1e3
 
 
 def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str) -> None:
@@ -179,6 +181,21 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     dist.destroy_process_group()
 
 
+def _table(path: str, rows: dict[str, list[float]], plain_wall: list[float] | None = None) -> None:
+    """One path's rows: median, min, max over rounds, and the overhead paired with plain within rounds."""
+    plain = rows["plain"]
+    for variant, values in rows.items():
+        line = f"{path:<8} {variant:<18} {statistics.median(values):10.3f} {min(values):8.3f} {max(values):8.3f}"
+        if variant != "plain":
+            ratios = [(v / b - 1) * 100 for v, b in zip(values, plain)]
+            q1, _, q3 = statistics.quantiles(ratios, n=4)
+            line += f" {statistics.median(ratios):+8.1f}%  {q1:+6.1f}..{q3:+5.1f}%"
+            if plain_wall is not None:
+                slowdown = statistics.median((v - b) / w * 100 for v, b, w in zip(values, plain, plain_wall))
+                line += f"  {slowdown:+7.1f}%"
+        print(line)
+
+
 def _handoff_us(rounds: int = 2000) -> float:
     """One thread waking another and being woken back, in us: what a GIL hand-off to a backend thread
     (a Python comm hook's callback) costs on this machine."""
@@ -222,18 +239,16 @@ def main(argv: list[str] | None = None) -> int:
     print(f"# {args.nproc} gloo ranks, MLP 64-512-512-64, batch 32, median of {args.steps} steps x {args.rounds} rounds")
     print(f"{'path':<8} {'variant':<18} {'median ms':>10} {'min':>8} {'max':>8} {'overhead':>9}  {'middle half':>15}")
     for path, rows in results.items():
-        plain = rows["plain"]
-        for variant, values in rows.items():
-            line = f"{path:<8} {variant:<18} {statistics.median(values):10.3f} {min(values):8.3f} {max(values):8.3f}"
-            if variant != "plain":
-                ratios = [(v / b - 1) * 100 for v, b in zip(values, plain)]
-                q1, _, q3 = statistics.quantiles(ratios, n=4)
-                line += f" {statistics.median(ratios):+8.1f}%  {q1:+6.1f}..{q3:+5.1f}%"
-            print(line)
+        _table(path, {variant: [wall for wall, _ in values] for variant, values in rows.items()})
+    print("# the training thread's CPU time per step (not waiting, not preempted), median ms; slowdown: the CPU")
+    print("# time it added, paired within rounds, over the plain step's wall time (it runs on the step's critical path)")
+    print(f"{'path':<8} {'variant':<18} {'median ms':>10} {'min':>8} {'max':>8} {'overhead':>9}  {'middle half':>15}  {'slowdown':>8}")
+    for path, rows in results.items():
+        _table(path, {variant: [c for _, c in values] for variant, values in rows.items()}, [w for w, _ in rows["plain"]])
     ddp = results["DDP"]
 
-    def added(variant: str) -> float:  # ms per step, paired within rounds
-        return statistics.median(v - b for v, b in zip(ddp[variant], ddp["plain"]))
+    def added(variant: str) -> float:  # ms per step of wall time, paired within rounds
+        return statistics.median(v[0] - b[0] for v, b in zip(ddp[variant], ddp["plain"]))
 
     ours = added("instrumented")
     for tool in ("CommDebugMode", "torch.profiler"):

@@ -169,38 +169,51 @@ class FrameworkMetrics:
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         self.bounds = bounds
         self._lock = threading.Lock()
-        self._histograms: dict[tuple[n.Metric, tuple], Histogram] = {}
-        self._gauges: dict[tuple[n.Metric, tuple], float] = {}
-        self._counters: dict[tuple[n.Metric, tuple], float] = {}
+        # Keyed by the metric's name, a string whose hash Python caches: a Metric is a frozen dataclass,
+        # whose hash is a Python call over its fields on every update.
+        self._metrics: dict[str, n.Metric] = {}
+        self._histograms: dict[tuple[str, tuple], Histogram] = {}
+        self._gauges: dict[tuple[str, tuple], float] = {}
+        self._counters: dict[tuple[str, tuple], float] = {}
 
     def observe(self, metric: n.Metric, labels: tuple, value: float) -> None:
         """``labels``: values of ``metric.attributes`` after run and rank, in order."""
+        key = (metric.name, labels)
         with self._lock:
-            h = self._histograms.get((metric, labels))
+            if key[0] not in self._metrics:
+                self._metrics[key[0]] = metric
+            h = self._histograms.get(key)
             if h is None:
-                h = self._histograms[(metric, labels)] = Histogram(self.bounds)
+                h = self._histograms[key] = Histogram(self.bounds)
             h.observe(value)
 
     def set(self, metric: n.Metric, labels: tuple, value: float) -> None:
+        key = (metric.name, labels)
         with self._lock:
-            self._gauges[(metric, labels)] = value
+            if key[0] not in self._metrics:
+                self._metrics[key[0]] = metric
+            self._gauges[key] = value
 
     def add(self, metric: n.Metric, labels: tuple, value: float) -> None:
+        key = (metric.name, labels)
         with self._lock:
-            self._counters[(metric, labels)] = self._counters.get((metric, labels), 0) + value
+            if key[0] not in self._metrics:
+                self._metrics[key[0]] = metric
+            self._counters[key] = self._counters.get(key, 0) + value
 
     def get(self, metric: n.Metric, labels: tuple) -> float | None:
+        key = (metric.name, labels)
         with self._lock:
-            return self._gauges.get((metric, labels), self._counters.get((metric, labels)))
+            return self._gauges.get(key, self._counters.get(key))
 
     def metric_data(self, base_labels: dict[str, str]) -> list[MetricData]:
-        out: dict[n.Metric, list] = {}
+        out: dict[str, list] = {}
         with self._lock:
-            for (metric, values), h in self._histograms.items():
-                out.setdefault(metric, []).append(h.point(_labels(metric, base_labels, values)))
-            for (metric, values), v in list(self._gauges.items()) + list(self._counters.items()):
-                out.setdefault(metric, []).append(NumberPoint(_labels(metric, base_labels, values), v))
-        return [MetricData(metric, points) for metric, points in out.items()]
+            for (name, values), h in self._histograms.items():
+                out.setdefault(name, []).append(h.point(_labels(self._metrics[name], base_labels, values)))
+            for (name, values), v in list(self._gauges.items()) + list(self._counters.items()):
+                out.setdefault(name, []).append(NumberPoint(_labels(self._metrics[name], base_labels, values), v))
+            return [MetricData(self._metrics[name], points) for name, points in out.items()]
 
 
 def _labels(metric: n.Metric, base: dict[str, str], values: tuple) -> dict[str, str]:

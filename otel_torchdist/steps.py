@@ -22,9 +22,9 @@ ranks).
 
 from __future__ import annotations
 
+import bisect
 import hashlib
 import logging
-import statistics
 import threading
 from collections import deque
 from time import perf_counter_ns
@@ -149,6 +149,35 @@ class StepStats:
         self.capped = False
 
 
+class _Recent:
+    """The last ``size`` step durations and their median, kept sorted as they come (the median is read
+    every step: sorting the window each time cost the drain more than the rest of a step's close)."""
+
+    __slots__ = ("order", "sorted")
+
+    def __init__(self, size: int) -> None:
+        self.order: deque[float] = deque(maxlen=size)
+        self.sorted: list[float] = []
+
+    def __len__(self) -> int:
+        return len(self.order)
+
+    def append(self, value: float) -> None:
+        order = self.order
+        if len(order) == order.maxlen:
+            del self.sorted[bisect.bisect_left(self.sorted, order[0])]
+        order.append(value)
+        bisect.insort(self.sorted, value)
+
+    def median(self) -> float | None:
+        values = self.sorted
+        k = len(values)
+        if not k:
+            return None
+        mid = k // 2
+        return values[mid] if k % 2 else (values[mid - 1] + values[mid]) / 2
+
+
 class StepTracker:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
@@ -170,7 +199,7 @@ class StepTracker:
         self.pipeline: Any = None
         self.exchange: Any = None
         self._lock = threading.RLock()
-        self._recent: deque[float] = deque(maxlen=101)
+        self._recent = _Recent(101)
         self._last_slow_warning = -10**9
 
     # -------------------------------------------------------------------------------- lifecycle
@@ -210,20 +239,26 @@ class StepTracker:
                 source == "explicit" and self.source == "optimizer" and index is not None and int(index) == self.index
             ):
                 # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
-                self.end(final=source == "explicit" and self.source == "optimizer")
-            self.index = self.index + 1 if index is None else int(index)
-            self.source = source
-            self.t_start = perf_counter_ns() if t_start is None else t_start
-            self.user = None
-            self.backward.clear()
-            self.open = True
-            if self.run_id is None:
-                R.STEP[0] = None  # identity not known yet: no shared trace possible
-                return self.index
-            ids = self._ids.pop(self.index, None)
-            trace, root, rank_span = ids if ids is not None else step_ids(self.run_id, self.index, self.rank)
-            R.STEP[0] = (self.index, trace, rank_span, self.sampled(self.index, trace), root)
-            return self.index
+                self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
+            return self._begin(
+                self.index + 1 if index is None else int(index), source, perf_counter_ns() if t_start is None else t_start
+            )
+
+    def _begin(self, index: int, source: str, t_start: int) -> int:
+        """begin() with the lock held and every argument given (the optimizer's path calls it per step)."""
+        self.index = index
+        self.source = source
+        self.t_start = t_start
+        self.user = None
+        self.backward.clear()
+        self.open = True
+        if self.run_id is None:
+            R.STEP[0] = None  # identity not known yet: no shared trace possible
+            return index
+        ids = self._ids.pop(index, None)
+        trace, root, rank_span = ids if ids is not None else step_ids(self.run_id, index, self.rank)
+        R.STEP[0] = (index, trace, rank_span, self.sampled(index, trace), root)
+        return index
 
     def end(
         self,
@@ -236,22 +271,22 @@ class StepTracker:
         (at exit, or when explicit steps take over) is traced but not counted as a step. ``warmup``: an
         optimizer's first step (lazy initialisation, state allocation) is never called slow."""
         with self._lock:
-            if not self.open:
-                return
-            t_end = perf_counter_ns() if t_end is None else t_end
-            ctx = R.STEP[0]
-            R.STEP[0] = None
-            self.open = False
-            if ctx is None or self.pipeline is None:
-                return
-            user = self.user
-            if user is not None:
-                user = tuple(user.get(key) for key in _USER_KEYS)
-            # Flat values only (the step context and the intervals are tuples of numbers): nothing for the
-            # garbage collector to follow while the step waits for the drain.
-            R.defer(
-                _close_step, ctx, self.t_start, t_end, self.source, user, tuple(self.backward), final, error, warmup
-            )
+            if self.open:
+                self._end(perf_counter_ns() if t_end is None else t_end, final, error, warmup)
+
+    def _end(self, t_end: int, final: bool, error: tuple[str, str] | None, warmup: bool) -> None:
+        """end() of an open step, with the lock held and every argument given."""
+        ctx = R.STEP[0]
+        R.STEP[0] = None
+        self.open = False
+        if ctx is None or self.pipeline is None:
+            return
+        user = self.user
+        if user is not None:
+            user = tuple(user.get(key) for key in _USER_KEYS)
+        # Flat values only (the step context and the intervals are tuples of numbers): nothing for the
+        # garbage collector to follow while the step waits for the drain.
+        R.defer(_close_step, ctx, self.t_start, t_end, self.source, user, tuple(self.backward), final, error, warmup)
 
     def on_optimizer_step(self, first: bool, t_start: int, t_end: int) -> None:
         """An optimizer step ended: it closes the current training step (unless steps are explicit).
@@ -260,8 +295,8 @@ class StepTracker:
             return
         with self._lock:
             if self.open:
-                self.end(t_end, warmup=first)
-            self.begin(source="optimizer", t_start=t_end)
+                self._end(t_end, False, None, first)
+            self._begin(self.index + 1, "optimizer", t_end)
 
     def prepare_ids(self) -> None:
         """On the drain thread: compute the ids of the coming steps, so that begin() finds them."""
@@ -350,10 +385,10 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
         if duration > 0:
             fw.set(n.TRAIN_TOKEN_RATE, (), user["tokens"] / duration)
     recent = tracker._recent
-    median = statistics.median(recent) if recent else None
+    median = recent.median()
     recent.append(duration)
-    if tracker.total is not None and recent:
-        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * statistics.median(recent))
+    if tracker.total is not None:
+        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * recent.median())
     if tracker.exchange is not None:
         tracker.exchange.add_step(index, duration, compute, wait)
     _maybe_warn_slow(pipeline, tracker, index, duration, median, info)

@@ -11,7 +11,7 @@ from collections import defaultdict
 import pytest
 
 from otel_torchdist import names as n
-from otel_torchdist.steps import step_ids, union_seconds
+from otel_torchdist.steps import _Recent, step_ids, union_seconds
 
 from .harness import last_metrics, read_spans, run_ranks
 
@@ -36,6 +36,22 @@ def test_step_ids_are_shared_by_ranks_and_distinct_per_step():
     b = step_ids("run-x", 7, 3)
     assert a[:2] == b[:2] and a[2] != b[2]  # same trace and root, own step span
     assert step_ids("run-x", 8, 0)[0] != a[0] and step_ids("run-y", 7, 0)[0] != a[0]
+
+
+def test_median_of_recent_steps_matches_statistics_over_the_window():
+    import random
+    import statistics
+    from collections import deque
+
+    rng = random.Random(7)
+    recent, window = _Recent(101), deque(maxlen=101)
+    assert recent.median() is None
+    for i in range(400):
+        value = rng.choice([rng.random(), 0.5, float(i % 7)])  # repeated values: removal finds an equal one
+        recent.append(value)
+        window.append(value)
+        assert recent.median() == statistics.median(window)
+        assert len(recent) == len(window)
 
 
 def test_union_of_in_flight_intervals():

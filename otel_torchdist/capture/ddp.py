@@ -26,7 +26,6 @@ gauges, and ``find_unused_parameters=True`` with nothing ever unused raises a ``
 
 from __future__ import annotations
 
-import functools
 import gc
 import logging
 import sys
@@ -37,6 +36,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
+from opentelemetry.trace.propagation import _SPAN_KEY
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as _allreduce_hook
 from torch.overrides import has_torch_function as _has_torch_function
 
@@ -47,13 +47,18 @@ from ..patching import Patch
 from . import c10d as c10d_capture
 from . import completion, context, emit, groups
 from . import record as R
+from .c10d import _current_context
+
+_graph_task_id = torch._C._current_graph_task_id
 
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
 WASTE_CHECK_AFTER = 10  # iterations before deciding find_unused_parameters=True was unnecessary
 
 _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Trampoline
-_forwards: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> forward count
+# id(DDP) -> forward count, dropped when the model is collected: a plain dict read per forward, where a
+# WeakKeyDictionary made two weak references in Python each time.
+_forwards: dict[int, int] = {}
 _warned: weakref.WeakSet = weakref.WeakSet()
 _world = c10d._world
 _SUM = dist.ReduceOp.SUM
@@ -63,7 +68,7 @@ SOURCE = "ddp_hook"
 class _Trampoline:
     """The comm hook state the reducer holds: which hook to run, on which state."""
 
-    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "contexts", "__weakref__")
+    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "contexts", "buckets", "__weakref__")
 
     def __init__(self, ddp: Any) -> None:
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
@@ -72,9 +77,11 @@ class _Trampoline:
         self.inner_state = ddp.process_group
         self.user_hook_registered = False
         self.ddp = weakref.ref(ddp)
-        # (bucket index, bytes, last) -> (the context it covers, the bucket's context): a bucket's facts are
-        # the same every step once DDP has rebuilt its buckets (after the first), so they are read once.
+        # A bucket's facts are the same every step once DDP has rebuilt its buckets (after the first), so
+        # they are read once. A registered hook's path: (index, bytes, last) -> (the context it covers, the
+        # bucket's context); the default hook's: id of the bucket's buffer -> _Bucket.
         self.contexts: dict[tuple, tuple] = {}
+        self.buckets: dict[int, _Bucket] = {}
 
 
 # True while instrumented (patches() sets it): a trampoline outlives uninstrument() on its model, and must
@@ -105,24 +112,29 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
 
 
 def _bucket_context(state: _Trampoline, bucket: dist.GradBucket, nbytes: int) -> tuple:
+    """The framework context of a bucket that a registered hook all-reduces (general path)."""
     base = R.TLS.ctx
     key = (bucket.index(), nbytes, bucket.is_last())
     cached = state.contexts.get(key)
     if cached is not None and cached[0] is base:
         return cached[1]
+    ctx = _derive(bucket, key[0], nbytes, key[2])
+    state.contexts[key] = (base, ctx)
+    return ctx
+
+
+def _derive(bucket: dist.GradBucket, index: int, nbytes: int, last: bool) -> tuple:
     facts = (
         n.DDP_BUCKET_INDEX,
-        key[0],
+        index,
         n.DDP_BUCKET_BYTES,
         nbytes,
         n.DDP_BUCKET_PARAMS,
         len(bucket.parameters()),
         n.DDP_BUCKET_LAST,
-        key[2],
+        last,
     )
-    ctx = context.derive(framework="ddp", phase="backward", extras=facts)
-    state.contexts[key] = (base, ctx)  # one per bucket layout: a backward in another context recomputes
-    return ctx
+    return context.derive(framework="ddp", phase="backward", extras=facts)
 
 
 def _options() -> Any:
@@ -133,6 +145,44 @@ def _options() -> Any:
 
 
 _OPTIONS = _options()  # read only: the backend copies what it needs when the call is issued
+
+
+class _Bucket:
+    """What stays the same for one bucket from step to step: its record up to the per-call fields, its
+    group's facts, and the context it was made in. Found by the bucket's buffer, which DDP keeps for the
+    life of a bucket layout; the Python tensor wrapping it is the same object every step (PyTorch keeps a
+    tensor's Python object alive with the tensor), so its id is the key and a weak reference confirms it."""
+
+    __slots__ = ("ref", "base", "group", "info", "size", "template")
+
+    def __init__(self, tensor: torch.Tensor, base: Any, group: Any, info: Any, template: list) -> None:
+        self.ref = weakref.ref(tensor)
+        self.base, self.group, self.info, self.size, self.template = base, group, info, group.size(), template
+
+
+def _bucket(state: _Trampoline, bucket: dist.GradBucket, group: Any, tensor: torch.Tensor) -> _Bucket | None:
+    """A bucket's facts, made on its first all-reduce in a layout and context (None: take the general path)."""
+    if tensor.is_complex():
+        return None
+    gi = groups.info(group)
+    if gi is None:
+        return None
+    buckets = state.buckets
+    for key in [key for key, facts in buckets.items() if facts.ref() is None]:
+        del buckets[key]  # layouts DDP has rebuilt away
+    numel = tensor.numel()  # a bucket's buffer is flat
+    nbytes = numel * tensor.element_size()
+    rec = R.new("all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid)
+    rec[R.NBYTES] = nbytes
+    rec[R.NUMEL] = numel
+    rec[R.NTENSORS] = 1
+    rec[R.DTYPE] = tensor.dtype
+    rec[R.SHAPES] = (1, numel)
+    rec[R.ASYNC] = True
+    rec[R.REDOP] = _SUM
+    rec[R.CTX] = _derive(bucket, bucket.index(), nbytes, bucket.is_last())
+    facts = buckets[id(tensor)] = _Bucket(tensor, R.TLS.ctx, group, gi, rec)
+    return facts
 
 
 def _allreduce_bucket(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor] | None:
@@ -147,32 +197,25 @@ def _allreduce_bucket(state: _Trampoline, bucket: dist.GradBucket) -> torch.futu
         group = c10d._get_default_group()
     if (
         tensor.__class__ is not torch.Tensor
-        or tensor.is_complex()
         or _has_torch_function((tensor,))
         or (_world.pg_coalesce_state and group in _world.pg_coalesce_state)
     ):
         return None
     try:
-        gi = groups.info(group)
-        if gi is None:
-            return None
-        rec = R.new("all_reduce", bw.ALL_REDUCE, SOURCE, gi.gid)
-        numel = tensor.numel()  # a bucket's buffer is flat
-        nbytes = numel * tensor.element_size()
-        rec[R.NBYTES] = nbytes
-        rec[R.NUMEL] = numel
-        rec[R.NTENSORS] = 1
-        rec[R.DTYPE] = tensor.dtype
-        rec[R.SHAPES] = (1, numel)
-        rec[R.ASYNC] = True
-        rec[R.REDOP] = _SUM
-        rec[R.PARENT] = c10d_capture._parent_span()
-        rec[R.CTX] = _bucket_context(state, bucket, nbytes)
+        facts = state.buckets.get(id(tensor))
+        if facts is None or facts.ref() is not tensor or facts.base is not R.TLS.ctx or facts.group is not group:
+            facts = _bucket(state, bucket, group, tensor)
+            if facts is None:
+                return None
+        rec = facts.template.copy()
+        rec[R.BWD] = _graph_task_id() != -1
+        rec[R.STEPCTX] = R.STEP[0]
+        rec[R.PARENT] = _current_context().get(_SPAN_KEY)
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return None
     # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
-    tensor.div_(group.size())
+    tensor.div_(facts.size)
     rec[R.T_START] = perf_counter_ns()
     try:
         work = group.allreduce([tensor], _OPTIONS)
@@ -180,25 +223,28 @@ def _allreduce_bucket(state: _Trampoline, bucket: dist.GradBucket) -> torch.futu
         c10d_capture._fail(rec, exc)
         raise
     try:
+        gi = facts.info
         if gi.completion is groups.COMPLETION_FUTURE:
             rec[R.SEQ] = gi.next_seq()
-            join = completion.watch(rec)
-            return work.get_future().then(functools.partial(_bucket_reduced, join))
+            return work.get_future().then(completion.watch(rec, 1, _BucketJoin).reduced)
         c10d_capture._finish(rec, work)
     except Exception as exc:
         health.error("ddp", "could not follow a DDP bucket's all-reduce", exc)
     return work.get_future().then(_first)
 
 
-def _bucket_reduced(join: Any, fut: torch.futures.Future) -> torch.Tensor:
-    """DDP's callback for the bucket, on the backend's thread: the all-reduce has completed."""
-    try:
-        value = fut.value()
-    except BaseException as exc:
-        _end(join, exc)
-        raise  # DDP sees the failure, as with torch's own hook
-    _end(join, None)
-    return value[0]
+class _BucketJoin(completion._Join):
+    __slots__ = ()
+
+    def reduced(self, fut: torch.futures.Future) -> torch.Tensor:
+        """DDP's callback for the bucket, on the backend's thread: the all-reduce has completed."""
+        try:
+            value = fut.value()
+        except BaseException as exc:
+            _end(self, exc)
+            raise  # DDP sees the failure, as with torch's own hook
+        _end(self, None)
+        return value[0]
 
 
 def _end(join: Any, error: BaseException | None) -> None:
@@ -329,8 +375,13 @@ def _wrap_builtin(orig):
 
 def _wrap_forward(orig):
     def forward(self, *args, **kwargs):
-        count = _forwards.get(self, 0) + 1
-        _forwards[self] = count
+        key = id(self)
+        count = _forwards.get(key)
+        if count is None:
+            count = _forwards[key] = 0
+            weakref.finalize(self, _forwards.pop, key, None)
+        count += 1
+        _forwards[key] = count
         # DDP has averages from its third forward on (two iterations measured).
         if count == 3 or count % LOGGING_EVERY == 0 or count == WASTE_CHECK_AFTER + 2:
             _read_logging_data(self)
