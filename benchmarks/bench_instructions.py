@@ -11,9 +11,9 @@ calls); their difference divided by the difference in length is the cost per ste
 (a flush's metric export, the profiler's start and stop, callgrind's own requests).
 
 * DDP (1 gloo rank, the MLP of bench_training.py): plain (DDP's builtin C++ hook), instrumented with the
-  default settings in steady state, every step traced, torch's Python ``allreduce_hook`` (what any Python
-  comm hook costs), CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes
-  the events, counted); FSDP2 plain and instrumented. otel-torchdist's timers (drain, export, system
+  default settings in steady state, every step traced, torch's Python ``allreduce_hook`` and the leanest
+  Python comm hook possible (divide, all-reduce, hand the tensor back: what any Python comm hook costs),
+  CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events, counted); FSDP2 plain and instrumented. otel-torchdist's timers (drain, export, system
   metrics) are held back in these sections; a flush after each counts the deferred work of its steps
   ("deferred"), and the idle section counts what the timers cost at rest, per second, default settings.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
@@ -117,6 +117,24 @@ def _ddp_child(args: argparse.Namespace) -> None:
     python_hook_step = trainer(python_hook)
     steps(python_hook_step, 3)
     counted("DDP torch Python hook", python_hook_step)
+
+    # The least any Python comm hook can do: take the bucket, divide it (DDP's builtin hook does too), all-reduce
+    # it, and hand DDP the tensor through a Python callback (the reducer accepts only a Python object).
+    def _reduced(fut):
+        return fut.value()[0]
+
+    def leanest_hook(group, bucket):
+        tensor = bucket.buffer()
+        tensor.div_(group.size())
+        return group.allreduce([tensor], lean_options).get_future().then(_reduced)
+
+    lean_options = dist.AllreduceOptions()
+    lean_options.reduceOp = dist.ReduceOp.SUM
+    lean = DDP(_mlp())
+    lean.register_comm_hook(dist.group.WORLD, leanest_hook)
+    lean_step = trainer(lean)
+    steps(lean_step, 3)
+    counted("DDP leanest Python hook", lean_step)
 
     otel_torchdist.instrument(**options)
     hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
@@ -289,7 +307,7 @@ def _report(args: argparse.Namespace, results: dict) -> None:
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
     short, long = _lengths(args.steps)
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch 32; per step, from sections of {short} and {long} steps")
-    print(f"{'variant':<24} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
+    print(f"{'variant':<26} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
     def total(variant: str) -> float:  # all threads, the deferred work included
         return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
 
@@ -298,7 +316,7 @@ def _report(args: argparse.Namespace, results: dict) -> None:
             continue
         plain = variant.split()[0] + " plain"
         mine = on_thread[(variant, "steps")]
-        line = f"{variant:<24} {mine / 1e6:13.2f} M"
+        line = f"{variant:<26} {mine / 1e6:13.2f} M"
         line += f" {'':>8}" if variant == plain else f" {_pct(mine, on_thread[(plain, 'steps')])}"
         line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {total(variant) / 1e6:10.2f} M"
         line += "" if variant == plain else f" {_pct(total(variant), total(plain))}"

@@ -240,9 +240,8 @@ class StepTracker:
             ):
                 # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
                 self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
-            return self._begin(
-                self.index + 1 if index is None else int(index), source, perf_counter_ns() if t_start is None else t_start
-            )
+            index = self.index + 1 if index is None else int(index)
+            return self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
 
     def _begin(self, index: int, source: str, t_start: int) -> int:
         """begin() with the lock held and every argument given (the optimizer's path calls it per step)."""
