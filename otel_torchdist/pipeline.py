@@ -170,13 +170,14 @@ class Pipeline:
             deferred, registered = record.DEFERRED, record.DRAINED
             while deferred:
                 try:
-                    fn, args = deferred.popleft()
+                    entry = deferred.popleft()
                 except IndexError:
                     break
+                fn = entry[0]
                 try:
                     if fn.__class__ is int:
                         fn = registered[fn]
-                    fn(self, *args)
+                    fn(self, *entry[1:])
                 except Exception as exc:
                     health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
         self.processed += count

@@ -139,7 +139,7 @@ class Runtime:
         except Exception as exc:
             health.error("capture", "the optimizer capture could not be installed", exc)
         steps.TRACKER[0] = self.steps
-        optim._listeners.append(self.steps.on_optimizer_step)
+        optim.closer[0] = self.steps.on_optimizer_step
         signals.install(lambda: self.close(restore=False), self.on_uncaught)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
@@ -355,9 +355,8 @@ class Runtime:
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:
                 hooks.remove(fn)
-        for fn in (self.steps.on_optimizer_step,):
-            if fn in optim._listeners:
-                optim._listeners.remove(fn)
+        if optim.closer[0] == self.steps.on_optimizer_step:
+            optim.closer[0] = None
         self.steps.close()
         steps.TRACKER[0] = None
         for part in (self.watchdog, self.exchange):

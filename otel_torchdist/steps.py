@@ -191,10 +191,11 @@ class StepTracker:
         self.source = "optimizer"
         self.user: dict[str, float] | None = None  # made by the first record() of a step
         self.total: int | None = None
-        self.backward: list[tuple[int, int]] = []
-        # Step ids the drain thread computed ahead (index -> step_ids): two SHA-256 per step off the
-        # training thread. Replaced, not cleared, when the run id changes (see prepare_ids).
-        self._ids: dict[int, tuple[int, int, int]] = {}
+        self.backward: list[tuple[int, int]] = []  # a traced step's backward passes (phase spans)
+        # The contexts of the coming steps, made by the drain thread ahead (index -> R.STEP's tuple): two
+        # SHA-256 and the sampling decision per step off the training thread. Replaced, not cleared, when
+        # the run id changes (see prepare_ids).
+        self._ids: dict[int, tuple] = {}
         self.deep: Any = None
         self.pipeline: Any = None
         self.exchange: Any = None
@@ -249,15 +250,20 @@ class StepTracker:
         self.source = source
         self.t_start = t_start
         self.user = None
-        self.backward.clear()
+        if self.backward:
+            self.backward = []
         self.open = True
         if self.run_id is None:
             R.STEP[0] = None  # identity not known yet: no shared trace possible
             return index
-        ids = self._ids.pop(index, None)
-        trace, root, rank_span = ids if ids is not None else step_ids(self.run_id, index, self.rank)
-        R.STEP[0] = (index, trace, rank_span, self.sampled(index, trace), root)
+        ctx = self._ids.pop(index, None)
+        R.STEP[0] = ctx if ctx is not None else self._context(index)
         return index
+
+    def _context(self, index: int) -> tuple:
+        """Step ``index``'s context (R.STEP): (index, trace id, this rank's span id, sampled, root span id)."""
+        trace, root, rank_span = step_ids(self.run_id, index, self.rank)
+        return (index, trace, rank_span, self.sampled(index, trace), root)
 
     def end(
         self,
@@ -275,39 +281,52 @@ class StepTracker:
 
     def _end(self, t_end: int, final: bool, error: tuple[str, str] | None, warmup: bool) -> None:
         """end() of an open step, with the lock held and every argument given."""
+        close = self._closing(t_end, final, error, warmup)
+        if close is not None:
+            R.queue(close)
+
+    def _closing(self, t_end: int, final: bool, error: tuple[str, str] | None, warmup: bool) -> tuple | None:
+        """Mark the open step closed (lock held); returns the deferred entry of its close for the drain
+        (see record.queue), or None when there is nothing to build (identity unknown, not attached)."""
         ctx = R.STEP[0]
         R.STEP[0] = None
         self.open = False
         if ctx is None or self.pipeline is None:
-            return
+            return None
         user = self.user
         if user is not None:
             user = tuple(user.get(key) for key in _USER_KEYS)
         # Flat values only (the step context and the intervals are tuples of numbers): nothing for the
         # garbage collector to follow while the step waits for the drain.
-        R.defer(_close_step, ctx, self.t_start, t_end, self.source, user, tuple(self.backward), final, error, warmup)
+        backward = self.backward
+        return (_CLOSE_STEP, ctx, self.t_start, t_end, self.source, user, tuple(backward) if backward else (), final, error, warmup)
 
-    def on_optimizer_step(self, first: bool, t_start: int, t_end: int) -> None:
-        """An optimizer step ended: it closes the current training step (unless steps are explicit).
-        ``first``: that optimizer's first step, whose step is warm-up."""
-        if self.explicit or R.in_backward():  # optimizer-in-backward steps each parameter, not the loop
-            return
-        with self._lock:
-            if self.open:
-                self._end(t_end, False, None, first)
+    def on_optimizer_step(self, first: bool, t_start: int, t_end: int, in_backward: bool) -> tuple | None:
+        """An optimizer step ended: it closes the current training step (unless steps are explicit) and
+        opens the next. ``first``: that optimizer's first step, whose step is warm-up. Returns the closed
+        step's deferred entry, which the optimizer capture queues inside its own."""
+        if self.explicit or in_backward:  # optimizer-in-backward steps each parameter, not the loop
+            return None
+        lock = self._lock
+        lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
+        try:
+            close = self._closing(t_end, False, None, first) if self.open else None
             self._begin(self.index + 1, "optimizer", t_end)
+        finally:
+            lock.release()
+        return close
 
     def prepare_ids(self) -> None:
-        """On the drain thread: compute the ids of the coming steps, so that begin() finds them."""
+        """On the drain thread: make the contexts of the coming steps, so that begin() finds them."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
-        run_id, rank, index = self.run_id, self.rank, self.index
-        if run_id is None or index + IDS_AHEAD // 2 in table:
+        index = self.index
+        if self.run_id is None or index + IDS_AHEAD // 2 in table:
             return
         for stale in [k for k in table if k <= index]:  # numbers an explicit step skipped
             table.pop(stale, None)
         for i in range(index + 1, index + IDS_AHEAD + 1):
             if i not in table:
-                table[i] = step_ids(run_id, i, rank)
+                table[i] = self._context(i)
 
     def record(self, **values: float | None) -> None:
         with self._lock:
@@ -328,7 +347,7 @@ class StepTracker:
 
 
 # ---------------------------------------------------------------------------------- background part
-IDS_AHEAD = 512  # steps whose ids the drain keeps ready: a drain interval's steps, for steps down to ~1 ms
+IDS_AHEAD = 512  # steps whose contexts the drain keeps ready: a drain interval's steps, for steps down to ~1 ms
 _USER_KEYS = ("loss", "learning_rate", "samples", "tokens")
 
 
@@ -393,6 +412,9 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     _maybe_warn_slow(pipeline, tracker, index, duration, median, info)
     if info["sampled"]:
         _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
+
+
+_CLOSE_STEP = R.key(_close_step)
 
 
 def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes) -> None:
@@ -490,7 +512,8 @@ TRACKER: list[StepTracker | None] = [None]
 def _wrap_backward(orig):
     def backward(*args, **kwargs):
         tracker = TRACKER[0]
-        if tracker is None or not tracker.open:
+        step = R.STEP[0]
+        if tracker is None or step is None or not step[3]:  # backward phases are spans: traced steps only
             return orig(*args, **kwargs)
         t0 = perf_counter_ns()
         try:

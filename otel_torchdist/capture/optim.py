@@ -17,15 +17,24 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
+from opentelemetry.trace.propagation import _SPAN_KEY
+
 from .. import health
 from .. import names as n
+from ..spans import new_span_id
 from . import context, emit
 from . import record as R
+from .c10d import _current_context
 
 _tls = threading.local()
 _handles: list[Any] = []
-# Called (first, t_start, t_end) after each outermost step (steps.py); first: that optimizer's first step.
-_listeners: list[Any] = []
+# The step tracker's on_optimizer_step (steps.py), called (first, t_start, t_end, in_backward) after each
+# outermost step; first: that optimizer's first step. It returns the deferred close of the training step
+# the optimizer step ends, which goes to the drain inside the optimizer step's own entry: one queued
+# tuple per training step instead of two.
+closer: list[Any] = [None]
+_getframe = sys._getframe
+_graph_task_id = R._graph_task_id
 
 
 class _Seen:
@@ -71,22 +80,16 @@ def remove() -> None:
 
 class _Running:
     """This thread's outermost optimizer step in progress (one object per thread: slot reads, where each
-    attribute of a threading.local is a dictionary lookup)."""
+    attribute of a threading.local is a dictionary lookup). What the step's span needs is kept in slots,
+    not in tuples: each tuple a step makes is one more object for the garbage collector to count."""
 
-    __slots__ = ("depth", "frame", "token", "optimizer", "inner", "snap", "opened", "t_start")
+    __slots__ = ("depth", "frame", "token", "optimizer", "inner", "user", "step", "trace", "span", "parent", "t_start")
 
     def __init__(self) -> None:
         self.depth = 0
-        self.frame = self.token = self.optimizer = self.inner = self.snap = self.opened = None
+        self.frame = self.token = self.optimizer = self.inner = self.user = self.step = None
+        self.trace = self.span = self.parent = None
         self.t_start = 0
-
-
-def _running() -> _Running:
-    try:
-        return _tls.running
-    except AttributeError:
-        _tls.running = _Running()
-        return _tls.running
 
 
 def _encloses(outer: Any, frame: Any) -> bool:
@@ -99,25 +102,33 @@ def _encloses(outer: Any, frame: Any) -> bool:
 
 def _pre(optimizer, args, kwargs) -> None:
     try:
-        st = _running()
+        try:
+            st = _tls.running
+        except AttributeError:
+            st = _tls.running = _Running()
         # The frame that called the hook (torch's step wrapper) runs until the step ends: a step that finds
         # one open outside its own stack knows that step raised, so its post hook never ran.
-        caller = sys._getframe(1)
-        if st.depth and not _encloses(st.frame, caller.f_back):
-            R.TLS.ctx = st.token
-            st.depth = 0
+        caller = _getframe(1)
         if st.depth:
-            st.depth += 1
-            if type(optimizer) is not type(st.optimizer):
-                st.inner = type(optimizer).__name__
-            return
+            if _encloses(st.frame, caller.f_back):
+                st.depth += 1
+                if type(optimizer) is not type(st.optimizer):
+                    st.inner = type(optimizer).__name__
+                return
+            R.TLS.ctx = st.token
         st.depth = 1
-        snap = emit.snapshot()
-        fw = snap[1]
-        opened = emit.open_span(snap)
+        tls = R.TLS
+        user, fw, step = _current_context().get(_SPAN_KEY), tls.ctx, R.STEP[0]
+        if user is None and fw is None and step is not None:  # a training loop's step: its span is the parent
+            # An untraced step's optimizer.step span is never built, so it gets no id (the collectives the
+            # step issues fall back to the training step as their parent, untraced as well).
+            trace, span, parent = (step[1], new_span_id(), step[2]) if step[3] else (None, None, None)
+        else:
+            trace, span, parent = emit.open_span((user, fw, step))
         base = fw or context.EMPTY
-        R.TLS.ctx = (base[0], base[1], "optimizer", opened[0], opened[1], base[5])
-        st.frame, st.token, st.optimizer, st.inner, st.snap, st.opened = caller, fw, optimizer, None, snap, opened
+        tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
+        st.frame, st.token, st.optimizer, st.inner, st.user, st.step = caller, fw, optimizer, None, user, step
+        st.trace, st.span, st.parent = trace, span, parent
         st.t_start = perf_counter_ns()
     except Exception as exc:
         health.error("optimizer", "could not start an optimizer.step record", exc)
@@ -126,7 +137,10 @@ def _pre(optimizer, args, kwargs) -> None:
 
 def _post(optimizer, args, kwargs) -> None:
     try:
-        st = _running()
+        try:
+            st = _tls.running
+        except AttributeError:
+            return  # no pre hook ran on this thread: it ran before instrument()
         if st.depth > 1:
             st.depth -= 1
             return
@@ -135,32 +149,38 @@ def _post(optimizer, args, kwargs) -> None:
         t_end = perf_counter_ns()
         st.depth = 0
         R.TLS.ctx = st.token
-        seen = _state(optimizer)
-        seen.count += 1
+        seen = _seen.get(id(optimizer)) or _state(optimizer)
+        count = seen.count = seen.count + 1
         groups = optimizer.param_groups
         if len(groups) != seen.groups:
             # Parameters join an optimizer through add_param_group: counted again when the groups change.
             seen.params = sum(p.numel() for g in groups for p in g["params"])
             seen.groups = len(groups)
         t_start = st.t_start
+        in_backward = _graph_task_id() != -1
+        on_step = closer[0]
+        close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward)
         # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
         R.defer(
             _finished,
             type(optimizer).__name__,
             st.inner,
-            seen.count,
-            R.in_backward(),
+            count,
+            in_backward,
             seen.groups,
             seen.params,
-            _hyper(groups),
             t_start,
             t_end,
-            st.snap,
-            st.opened,
+            st.user,
+            st.token,
+            st.step,
+            st.trace,
+            st.span,
+            st.parent,
+            close,
+            *(() if st.trace is None else _hyper(groups)),  # span attributes: traced steps only
         )
-        st.frame = st.optimizer = st.snap = None
-        for listener in _listeners:
-            listener(seen.count == 1, t_start, t_end)
+        st.frame = st.optimizer = st.user = st.step = None
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)
 
@@ -186,10 +206,19 @@ def _now(value: Any) -> Any:
 
 
 @R.drained
-def _finished(pipeline, cls, inner, count, in_backward, ngroups, nparams, hyper, t_start, t_end, snap, opened) -> None:
-    pipeline.framework.observe(n.OPTIMIZER_STEP_DURATION, (cls,), (t_end - t_start) / 1e9)
-    attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
-    emit.build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
+def _finished(
+    pipeline, cls, inner, count, in_backward, ngroups, nparams, t_start, t_end, user, fw, step, trace, span, parent,
+    close, *hyper
+) -> None:
+    try:
+        pipeline.framework.observe(n.OPTIMIZER_STEP_DURATION, (cls,), (t_end - t_start) / 1e9)
+        if trace is not None:  # None: a step of an untraced training step (see _pre)
+            attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
+            snap, opened = (user, fw, step), (trace, span, parent)
+            emit.build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
+    finally:
+        if close is not None:  # the training step this optimizer step closed
+            R.run(pipeline, close)
 
 
 def describe(

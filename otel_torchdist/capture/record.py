@@ -110,11 +110,13 @@ _dropped = [0]
 
 
 # Work the background thread does for the framework captures (building an optimizer-step or sharding span,
-# updating their metrics): (function, args) pairs, bounded by the same limit as records. A function
+# updating their metrics): entries ``(function, *args)``, bounded by the same limit as records. A function
 # registered with :func:`drained` is queued as its index: a function is an object the garbage collector
-# tracks, so a pair holding one stays tracked until the drain frees it, while a pair of an index and flat
-# arguments is untracked by the first young collection, like a record.
-DEFERRED: deque[tuple[Any, tuple]] = deque()
+# tracks, so an entry holding one stays tracked until the drain frees it, while an entry of an index and
+# flat arguments is untracked by the first young collection, like a record. One flat tuple per entry, not
+# a pair holding the arguments: each tuple a training step leaves queued is one more object for the
+# collector's young generation to count and visit.
+DEFERRED: deque[tuple] = deque()
 DRAINED: list[Any] = []
 _index: dict[Any, int] = {}
 
@@ -132,9 +134,30 @@ def set_limit(max_records: int) -> None:
 
 def defer(fn, *args) -> None:
     if len(DEFERRED) < _limit[0]:
-        DEFERRED.append((_index.get(fn, fn), args))
+        DEFERRED.append((_index.get(fn, fn), *args))
     else:
         _dropped[0] += 1
+
+
+def key(fn) -> Any:
+    """What a deferred entry holds for ``fn``: its index if registered with :func:`drained`, else itself.
+    ``(key(fn), *args)`` is an entry to :func:`queue` later, or to carry inside another one (see :func:`run`)."""
+    return _index.get(fn, fn)
+
+
+def queue(entry: tuple) -> None:
+    if len(DEFERRED) < _limit[0]:
+        DEFERRED.append(entry)
+    else:
+        _dropped[0] += 1
+
+
+def run(pipeline: Any, entry: tuple) -> None:
+    """Run a deferred entry (on the drain thread)."""
+    fn = entry[0]
+    if fn.__class__ is int:
+        fn = DRAINED[fn]
+    fn(pipeline, *entry[1:])
 
 
 def push(rec: list) -> None:
