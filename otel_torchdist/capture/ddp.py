@@ -50,6 +50,11 @@ from . import record as R
 from .c10d import _current_context
 
 _graph_task_id = torch._C._current_graph_task_id
+_Tensor = torch.Tensor
+# Record fields the bucket path fills, bound once (a module attribute read per field per bucket otherwise).
+_BWD, _STEPCTX, _PARENT, _T_START, _T_END, _SEQ, _END = R.BWD, R.STEPCTX, R.PARENT, R.T_START, R.T_END, R.SEQ, R.END
+_STEP = R.STEP
+_inflight = completion._inflight
 
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
@@ -61,6 +66,8 @@ _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Tramp
 _forwards: dict[int, int] = {}
 _warned: weakref.WeakSet = weakref.WeakSet()
 _world = c10d._world
+# c10d's coalescing blocks by group: the dict the pg_coalesce_state property returns (read per bucket).
+_coalescing = getattr(_world, "_pg_coalesce_state", None)
 _SUM = dist.ReduceOp.SUM
 SOURCE = "ddp_hook"
 
@@ -91,13 +98,61 @@ _LIVE = False
 
 def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook installed by otel-torchdist: records the default all-reduce itself, else runs the
-    registered hook inside the bucket's framework context."""
+    registered hook inside the bucket's framework context (``_general``).
+
+    The default all-reduce is ``default_hooks.allreduce_hook`` with the bucket recorded here, written out in
+    this function (it runs for every bucket of every step). It mirrors ``dist.all_reduce(tensor, group,
+    async_op=True)`` for the only case it is used for: one plain real tensor of a group this rank belongs
+    to, outside torch function modes and coalescing blocks; anything else takes the general path.
+    """
+    if not _LIVE or state.inner_hook is not _allreduce_hook:
+        return _general(state, bucket)
+    group = state.inner_state
+    tensor = bucket.buffer()
+    if group is None:
+        group = c10d._get_default_group()
+    coalescing = _world.pg_coalesce_state if _coalescing is None else _coalescing
+    if tensor.__class__ is not _Tensor or _has_torch_function((tensor,)) or (coalescing and group in coalescing):
+        return _general(state, bucket)
+    try:
+        facts = state.buckets.get(id(tensor))
+        if facts is None or facts.ref() is not tensor or facts.base is not R.TLS.ctx or facts.group is not group:
+            facts = _bucket(state, bucket, group, tensor)
+            if facts is None:
+                return _general(state, bucket)
+        rec = facts.template.copy()
+        rec[_BWD] = _graph_task_id() != -1
+        rec[_STEPCTX] = _STEP[0]
+        rec[_PARENT] = _current_context().get(_SPAN_KEY)
+    except Exception as exc:
+        health.error("ddp", "could not describe a DDP bucket", exc)
+        return _general(state, bucket)
+    # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
+    tensor.div_(facts.size)
+    rec[_T_START] = perf_counter_ns()
+    try:
+        work = group.allreduce([tensor], _OPTIONS)
+    except BaseException as exc:
+        c10d_capture._fail(rec, exc)
+        raise
+    try:
+        gi = facts.info
+        if gi.completion is groups.COMPLETION_FUTURE:
+            rec[_SEQ] = group._get_sequence_number_for_group() if gi.seq_supported else gi.next_seq()
+            join = _BucketJoin(rec)
+            _inflight[id(join)] = join  # the hang watchdog sees it until it completes
+            return work.get_future().then(join.reduced)
+        c10d_capture._finish(rec, work)
+    except Exception as exc:
+        health.error("ddp", "could not follow a DDP bucket's all-reduce", exc)
+    return work.get_future().then(_first)
+
+
+def _general(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """The registered hook (or torch's, for buckets the default path does not take) in the bucket's context;
+    after uninstrument(), the hook alone."""
     if not _LIVE:
         return state.inner_hook(state.inner_state, bucket)
-    if state.inner_hook is _allreduce_hook:
-        fut = _allreduce_bucket(state, bucket)
-        if fut is not None:
-            return fut
     try:
         buffer = bucket.buffer()
         token = R.TLS.ctx
@@ -185,65 +240,31 @@ def _bucket(state: _Trampoline, bucket: dist.GradBucket, group: Any, tensor: tor
     return facts
 
 
-def _allreduce_bucket(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor] | None:
-    """``default_hooks.allreduce_hook`` with the bucket recorded here; None: take the general path.
-
-    Mirrors ``dist.all_reduce(tensor, group, async_op=True)`` for the only case it is used for: one plain
-    real tensor of a group this rank belongs to, outside torch function modes and coalescing blocks.
-    """
-    group = state.inner_state
-    tensor = bucket.buffer()
-    if group is None:
-        group = c10d._get_default_group()
-    if (
-        tensor.__class__ is not torch.Tensor
-        or _has_torch_function((tensor,))
-        or (_world.pg_coalesce_state and group in _world.pg_coalesce_state)
-    ):
-        return None
-    try:
-        facts = state.buckets.get(id(tensor))
-        if facts is None or facts.ref() is not tensor or facts.base is not R.TLS.ctx or facts.group is not group:
-            facts = _bucket(state, bucket, group, tensor)
-            if facts is None:
-                return None
-        rec = facts.template.copy()
-        rec[R.BWD] = _graph_task_id() != -1
-        rec[R.STEPCTX] = R.STEP[0]
-        rec[R.PARENT] = _current_context().get(_SPAN_KEY)
-    except Exception as exc:
-        health.error("ddp", "could not describe a DDP bucket", exc)
-        return None
-    # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
-    tensor.div_(facts.size)
-    rec[R.T_START] = perf_counter_ns()
-    try:
-        work = group.allreduce([tensor], _OPTIONS)
-    except BaseException as exc:
-        c10d_capture._fail(rec, exc)
-        raise
-    try:
-        gi = facts.info
-        if gi.completion is groups.COMPLETION_FUTURE:
-            rec[R.SEQ] = gi.next_seq()
-            return work.get_future().then(completion.watch(rec, 1, _BucketJoin).reduced)
-        c10d_capture._finish(rec, work)
-    except Exception as exc:
-        health.error("ddp", "could not follow a DDP bucket's all-reduce", exc)
-    return work.get_future().then(_first)
-
-
 class _BucketJoin(completion._Join):
+    """A bucket's record until its all-reduce completes (one work, no lock)."""
+
     __slots__ = ()
+
+    def __init__(self, rec: list) -> None:
+        self.rec, self.remaining, self.source, self.lock = rec, 1, n.END_FUTURE, None
 
     def reduced(self, fut: torch.futures.Future) -> torch.Tensor:
         """DDP's callback for the bucket, on the backend's thread: the all-reduce has completed."""
+        t_end = perf_counter_ns()
         try:
             value = fut.value()
         except BaseException as exc:
             _end(self, exc)
             raise  # DDP sees the failure, as with torch's own hook
-        _end(self, None)
+        try:
+            # join.done() for the one case here: one work, no error.
+            rec = self.rec
+            _inflight.pop(id(self), None)
+            rec[_T_END] = t_end
+            rec[_END] = n.END_FUTURE
+            R.push(rec)
+        except Exception as exc:
+            health.error("ddp", "could not complete a DDP bucket record", exc)
         return value[0]
 
 
