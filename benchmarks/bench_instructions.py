@@ -1,6 +1,6 @@
 """Instructions, not seconds: what otel-torchdist and the alternatives add, counted by callgrind.
 
-    python benchmarks/bench_instructions.py [--steps 40] [--calls 4000] [--idle 20]
+    python benchmarks/bench_instructions.py [--steps 40] [--calls 4000] [--idle 20] [--batch 32] [--only ddp|hot]
 
 Needs valgrind (``apt-get install valgrind``); takes about 20 minutes on 2 cores. On a shared or small
 machine wall time moves by more than a 1 % effect (see docs/performance.md), while the instructions a
@@ -10,12 +10,17 @@ it, ``--dump`` after). Each measurement is two sections of different lengths, ``
 calls); their difference divided by the difference in length is the cost per step, without the fixed costs
 (a flush's metric export, the profiler's start and stop, callgrind's own requests).
 
-* DDP (1 gloo rank, the MLP of bench_training.py): plain (DDP's builtin C++ hook), instrumented with the
-  default settings in steady state, every step traced, torch's Python ``allreduce_hook`` and the leanest
-  Python comm hook possible (divide, all-reduce, hand the tensor back: what any Python comm hook costs),
-  CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events, counted); FSDP2 plain and instrumented. otel-torchdist's timers (drain, export, system
-  metrics) are held back in these sections; a flush after each counts the deferred work of its steps
-  ("deferred"), and the idle section counts what the timers cost at rest, per second, default settings.
+* DDP (1 gloo rank, the MLP of bench_training.py): plain (no comm hook: what DDP does unless told
+  otherwise), DDP's builtin C++ ``ALLREDUCE`` hook, the leanest Python comm hook possible (divide,
+  all-reduce, hand the tensor back: what any Python comm hook costs), torch's Python ``allreduce_hook``,
+  CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events,
+  counted) on the plain model, then instrumented with the default settings in steady state and with every
+  step traced; FSDP2 plain and instrumented. A comm hook, any comm hook, costs DDP a pass over each bucket:
+  without one the reducer scales gradients by 1/world size while copying them into the bucket; with one
+  it copies them as they are and the hook divides the bucket. otel-torchdist's timers (drain, export,
+  system metrics) are held back in these sections; a flush after each counts the deferred work of its
+  steps ("deferred"), and the idle section counts what the timers cost at rest, per second, default
+  settings.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
   thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
   collective and in units of one plain call.
@@ -75,7 +80,7 @@ def _ddp_child(args: argparse.Namespace) -> None:
     torch.set_num_threads(1)
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     options = dict(run_dir=tempfile.mkdtemp(prefix="otel-torchdist-bench-"), summary="none", prometheus_port=0)
-    x = torch.randn(32, 64, generator=torch.Generator().manual_seed(0))
+    x = torch.randn(args.batch, 64, generator=torch.Generator().manual_seed(0))
 
     def trainer(model):
         opt = torch.optim.SGD(model.parameters(), lr=0.01)
@@ -106,11 +111,15 @@ def _ddp_child(args: argparse.Namespace) -> None:
         counted(label, step, flush)
         otel_torchdist.uninstrument()
 
-    plain = DDP(_mlp())
-    plain._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-    plain_step = trainer(plain)
+    plain_step = trainer(DDP(_mlp()))  # measured before any instrument(), which would give it the trampoline
     steps(plain_step, 3)
     counted("DDP plain", plain_step)
+
+    builtin = DDP(_mlp())
+    builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    builtin_step = trainer(builtin)
+    steps(builtin_step, 3)
+    counted("DDP builtin C++ hook", builtin_step)
 
     python_hook = DDP(_mlp())
     python_hook.register_comm_hook(None, allreduce_hook)
@@ -118,7 +127,7 @@ def _ddp_child(args: argparse.Namespace) -> None:
     steps(python_hook_step, 3)
     counted("DDP torch Python hook", python_hook_step)
 
-    # The least any Python comm hook can do: take the bucket, divide it (DDP's builtin hook does too), all-reduce
+    # The least any Python comm hook can do: take the bucket, divide it (as DDP's builtin C++ hook does), all-reduce
     # it, and hand DDP the tensor through a Python callback (the reducer accepts only a Python object).
     def _reduced(fut):
         return fut.value()[0]
@@ -136,12 +145,6 @@ def _ddp_child(args: argparse.Namespace) -> None:
     steps(lean_step, 3)
     counted("DDP leanest Python hook", lean_step)
 
-    otel_torchdist.instrument(**options)
-    hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
-    otel_torchdist.uninstrument()
-    instrumented("DDP instrumented", hooked_step)
-    instrumented("DDP every step traced", hooked_step, trace_every_steps=1)
-
     def debug_step():
         # One CommDebugMode per step: one across several steps trips over its own module stack.
         with CommDebugMode():
@@ -158,6 +161,12 @@ def _ddp_child(args: argparse.Namespace) -> None:
                 steps(plain_step, n)
 
         _section(f"DDP torch.profiler:{n}:steps", profiled)
+
+    otel_torchdist.instrument(**options)  # from here on, the plain model has the (idle) trampoline too
+    hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
+    otel_torchdist.uninstrument()
+    instrumented("DDP instrumented", hooked_step)
+    instrumented("DDP every step traced", hooked_step, trace_every_steps=1)
 
     fsdp_step = trainer(_fsdp_mlp())
     steps(fsdp_step, 3)
@@ -258,13 +267,13 @@ def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], d
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     work = tempfile.mkdtemp(prefix="otel-torchdist-callgrind-")
     procs = {}
-    for child in ("ddp", "hot"):
+    for child in ("ddp", "hot") if args.only is None else (args.only,):
         folder = os.path.join(work, child)
         os.makedirs(folder)
         cmd = [
             "valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={folder}/cg.%p",
             sys.executable, os.path.abspath(__file__), "--child", child,
-            "--steps", str(args.steps), "--calls", str(args.calls), "--idle", str(args.idle),
+            "--steps", str(args.steps), "--calls", str(args.calls), "--idle", str(args.idle), "--batch", str(args.batch),
         ]  # fmt: skip
         log = open(os.path.join(folder, "log.txt"), "w")
         procs[child] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), folder, log)
@@ -301,12 +310,19 @@ def _report(args: argparse.Namespace, results: dict) -> None:
     version = subprocess.run(["valgrind", "--version"], capture_output=True, text=True).stdout.strip()
     print(f"# instructions counted by callgrind ({version}); {platform.machine()}, Python {platform.python_version()}, torch {torch.__version__}")
 
-    main, every = results["ddp"]
+    if "ddp" in results:
+        _report_ddp(args, results["ddp"])
+    if "hot" in results:
+        _report_hot(args, results["hot"])
+
+
+def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
+    main, every = counts
     idle = every.pop("idle") / args.idle
     main.pop("idle")
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
     short, long = _lengths(args.steps)
-    print(f"# 1 gloo rank, MLP 64-512-512-64, batch 32; per step, from sections of {short} and {long} steps")
+    print(f"# 1 gloo rank, MLP 64-512-512-64, batch {args.batch}; per step, from sections of {short} and {long} steps")
     print(f"{'variant':<26} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
     def total(variant: str) -> float:  # all threads, the deferred work included
         return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
@@ -322,6 +338,12 @@ def _report(args: argparse.Namespace, results: dict) -> None:
         line += "" if variant == plain else f" {_pct(total(variant), total(plain))}"
         print(line)
 
+    floor = on_thread[("DDP leanest Python hook", "steps")]
+    print(
+        f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - floor) / 1e3:.0f} k "
+        f"instructions over the leanest Python comm hook, which is {(floor - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
+        "over plain DDP"
+    )
     ours = total("DDP instrumented") - total("DDP plain")
     for tool in ("DDP CommDebugMode", "DDP torch.profiler"):
         theirs = total(tool) - total("DDP plain")
@@ -329,7 +351,9 @@ def _report(args: argparse.Namespace, results: dict) -> None:
         print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
     print(f"timers at rest (default settings, all threads): {idle / 1e6:.2f} M instructions per second")
 
-    main, every = results["hot"]
+
+def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
+    main, every = counts
     on_thread, whole = _per_unit(main, args.calls), _per_unit(every, args.calls)
     short, long = _lengths(args.calls)
     print(f"# fake backend, 1024-element all_reduce; per collective, from sections of {short} and {long} calls")
@@ -359,6 +383,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=40, help="DDP/FSDP2 steps per section (default 40)")
     parser.add_argument("--calls", type=int, default=4000, help="collectives per hot-path section (default 4000)")
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle section (default 20)")
+    parser.add_argument("--batch", type=int, default=32, help="DDP/FSDP2 batch size (default 32)")
+    parser.add_argument("--only", choices=("ddp", "hot"), help="run one part: the training steps or the hot path")
     parser.add_argument("--child", choices=("ddp", "hot"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "ddp":

@@ -9,12 +9,14 @@ figures, and the overhead: the median over rounds of variant / plain within the 
 middle half of those paired ratios, so the noise of the machine is on the page. An instrumented round
 first runs the steps the default sampling traces in full (``trace_first_steps``, 10), so the rows show
 the steady state of a long run (1 step in 100 traced); the DDP row "every step traced" shows what a
-traced step costs. The plain DDP gets DDP's builtin C++ all-reduce hook, the path DDP takes without a
-hook, so that ``instrument()`` leaves it alone (it gives hook-less DDPs built earlier its trampoline);
+traced step costs. The plain DDP has no comm hook, as DDP runs unless told otherwise; since
+``instrument()`` gives hook-less DDPs built earlier its trampoline, each round builds a fresh one and times
+it, and the loops that use it (CommDebugMode, torch.profiler), before that round's first ``instrument()``.
 "torch Python hook" is the same model with torch's own ``default_hooks.allreduce_hook`` registered by
-hand, uninstrumented: the cost of any Python comm hook, which the trampoline is. For DDP it also times
-the same loop under CommDebugMode and under torch.profiler (CPU activities), the tools otel-torchdist is
-meant to replace, and reports how many times more they add.
+hand, uninstrumented: the cost of any Python comm hook, which the trampoline is (a comm hook also costs
+DDP a pass over each bucket: without one the reducer scales the gradients while copying them in). For
+DDP it also times the same loop under CommDebugMode and under torch.profiler (CPU activities), the tools
+otel-torchdist is meant to replace, and reports how many times more they add.
 """
 
 from __future__ import annotations
@@ -91,10 +93,9 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
 
     results: dict[str, dict[str, list[float]]] = {}
 
-    # ---- DDP: the plain model is built uninstrumented; the instrumented one gets the bucket hook.
-    plain_ddp = DDP(_mlp())
-    plain_ddp._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-    plain_step = train_step(plain_ddp, torch.optim.SGD(plain_ddp.parameters(), lr=0.01))
+    # ---- DDP: the plain model is built uninstrumented, fresh each round; the instrumented one gets the bucket hook.
+    import gc
+
     from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
     python_hook = DDP(_mlp())
@@ -116,14 +117,12 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     from torch.profiler import ProfilerActivity, profile
 
     for _ in range(args.rounds):
+        plain_ddp = plain_step = None
+        gc.collect()  # the last round's plain model, adopted by instrument() since (DDP sits in reference cycles)
+        plain_ddp = DDP(_mlp())
+        plain_step = train_step(plain_ddp, torch.optim.SGD(plain_ddp.parameters(), lr=0.01))
         rows["plain"].append(_time(plain_step, args.steps))
-        otel_torchdist.instrument(**options)
-        rows["instrumented"].append(_time(hooked_step, args.steps, STEADY))
-        otel_torchdist.uninstrument()
-        otel_torchdist.instrument(**options, trace_every_steps=1)
-        rows["every step traced"].append(_time(hooked_step, args.steps))
-        otel_torchdist.uninstrument()
-        rows["torch Python hook"].append(_time(python_hook_step, args.steps))
+
         # One CommDebugMode per step: one across several forward/backward passes trips over its own
         # module stack (IndexError in _fw_set_module_hook).
         def debug_step():
@@ -133,6 +132,13 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         rows["CommDebugMode"].append(_time(debug_step, args.steps))
         with profile(activities=[ProfilerActivity.CPU]):
             rows["torch.profiler"].append(_time(plain_step, args.steps))
+        rows["torch Python hook"].append(_time(python_hook_step, args.steps))
+        otel_torchdist.instrument(**options)
+        rows["instrumented"].append(_time(hooked_step, args.steps, STEADY))
+        otel_torchdist.uninstrument()
+        otel_torchdist.instrument(**options, trace_every_steps=1)
+        rows["every step traced"].append(_time(hooked_step, args.steps))
+        otel_torchdist.uninstrument()
 
     # ---- FSDP2
     plain_fsdp = _fsdp_mlp()
