@@ -75,9 +75,9 @@ def track(rec: list, works: list[Any]) -> None:
             _wait_for(work, join)
 
 
-def watch(rec: list, works: int = 1, join_type: type[_Join] = _Join) -> _Join:
+def watch(rec: list, works: int = 1) -> _Join:
     """A join for ``rec`` that the hang watchdog sees until it is done; the caller arranges the done."""
-    join = join_type(rec, works)
+    join = _Join(rec, works)
     _inflight[id(join)] = join
     return join
 
