@@ -309,3 +309,26 @@ def ddp_built_before_instrument(rank: int, ws: int, port: int, out: str, args: d
     _train(early, 2, rank)
     _finish()
     return {}
+
+
+def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Parameters after training, uninstrumented and instrumented, for DDP as users run it: no comm hook
+    (default layout and gradient_as_bucket_view), and DDP's builtin C++ all-reduce hook."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    variants = {
+        "no hook": lambda: DDP(_mlp(), bucket_cap_mb=0.01),
+        "gradient_as_bucket_view": lambda: DDP(_mlp(), bucket_cap_mb=0.01, gradient_as_bucket_view=True),
+        "builtin ALLREDUCE hook": lambda: _with_builtin_hook(DDP(_mlp(), bucket_cap_mb=0.01)),
+    }
+    plain = {name: _train(make(), 3, rank) for name, make in variants.items()}
+    _instrument(out, f"numerics-ws{ws}")
+    instrumented = {name: _train(make(), 3, rank) for name, make in variants.items()}
+    _finish()
+    return {name: all(torch.equal(a, b) for a, b in zip(plain[name], instrumented[name])) for name in variants}
+
+
+def _with_builtin_hook(model):
+    model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
+    return model

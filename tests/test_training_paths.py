@@ -46,6 +46,15 @@ def test_ddp_results_are_bit_identical_instrumented(ddp_job):
         assert result["recorded_after_uninstrument"] == 0
 
 
+def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(tmp_path_factory):
+    """A group size that is not a power of two tells scaling by its reciprocal (DDP without a hook) from
+    dividing by it (torch's allreduce_hook, DDP's builtin C++ hook): a third of the values differ in the
+    last bit. The trampoline must do what the model did uninstrumented."""
+    job = _job(tmp_path_factory, "ddp_numerics", 3, "numerics")
+    for rank, result in enumerate(job["results"]):
+        assert result == {"no hook": True, "gradient_as_bucket_view": True, "builtin ALLREDUCE hook": True}, rank
+
+
 def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
     for rank in range(ddp_job["ws"]):
         result = ddp_job["results"][rank]

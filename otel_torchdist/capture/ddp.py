@@ -1,9 +1,9 @@
 """DistributedDataParallel: one record per gradient bucket, the configuration once, DDP's own statistics.
 
 DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. So each DDP built
-while instrumented gets a trampoline comm hook. By default it does what DDP's builtin all-reduce does
-(``default_hooks.allreduce_hook``: divide by the group size, all-reduce, which gives bit-identical
-parameters) and records the bucket itself: the record carries the framework context (framework ``ddp``,
+while instrumented gets a trampoline comm hook. By default it does what DDP does without a hook
+(``no_hook_allreduce``: scale by the reciprocal of the group size, all-reduce; bit-identical parameters)
+and records the bucket itself: the record carries the framework context (framework ``ddp``,
 phase ``backward``, the bucket's index, bytes, parameter count and whether it is the last) and ends in the
 callback that hands the reduced bucket back to DDP. That is one Python callback per bucket on the
 backend's thread, as with torch's own Python hook, instead of two (DDP's and the c10d capture's), and no
@@ -78,9 +78,7 @@ class _Trampoline:
     __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "contexts", "buckets", "__weakref__")
 
     def __init__(self, ddp: Any) -> None:
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-
-        self.inner_hook = default_hooks.allreduce_hook
+        self.inner_hook = no_hook_allreduce
         self.inner_state = ddp.process_group
         self.user_hook_registered = False
         self.ddp = weakref.ref(ddp)
@@ -96,16 +94,30 @@ class _Trampoline:
 _LIVE = False
 
 
+def no_hook_allreduce(process_group: Any, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
+    """What DDP does without a comm hook, as one: each gradient scaled by the reciprocal of the group size,
+    then summed. The reducer scales while copying gradients into the bucket (``mul_out`` by
+    ``1.0 / world size``) and only when no hook is registered; ``default_hooks.allreduce_hook`` divides
+    instead, which for group sizes that are not powers of two differs in the last bit of about a third of
+    the values, so the trampoline would change a job's numbers if it ran that one."""
+    group = process_group if process_group is not None else c10d._get_default_group()
+    tensor = bucket.buffer()
+    tensor.mul_(1.0 / group.size())
+    return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(_first)
+
+
 def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """DDP comm hook installed by otel-torchdist: records the default all-reduce itself, else runs the
     registered hook inside the bucket's framework context (``_general``).
 
-    The default all-reduce is ``default_hooks.allreduce_hook`` with the bucket recorded here, written out in
-    this function (it runs for every bucket of every step). It mirrors ``dist.all_reduce(tensor, group,
-    async_op=True)`` for the only case it is used for: one plain real tensor of a group this rank belongs
-    to, outside torch function modes and coalescing blocks; anything else takes the general path.
+    The default all-reduce (``no_hook_allreduce``, or torch's ``allreduce_hook`` when registered) is written
+    out here with the bucket recorded (it runs for every bucket of every step). It mirrors
+    ``dist.all_reduce(tensor, group, async_op=True)`` for the only case it is used for: one plain real
+    tensor of a group this rank belongs to, outside torch function modes and coalescing blocks; anything
+    else takes the general path.
     """
-    if not _LIVE or state.inner_hook is not _allreduce_hook:
+    inner = state.inner_hook
+    if not _LIVE or (inner is not no_hook_allreduce and inner is not _allreduce_hook):
         return _general(state, bucket)
     group = state.inner_state
     tensor = bucket.buffer()
@@ -127,8 +139,11 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return _general(state, bucket)
-    # Divided before the all-reduce, as the builtin hook does, so that fp16 sums do not overflow.
-    tensor.div_(facts.size)
+    # Scaled before the all-reduce, as DDP and its hooks do, so that fp16 sums do not overflow.
+    if inner is no_hook_allreduce:
+        tensor.mul_(facts.scale)
+    else:
+        tensor.div_(facts.size)
     rec[_T_START] = perf_counter_ns()
     try:
         work = group.allreduce([tensor], _OPTIONS)
@@ -208,11 +223,12 @@ class _Bucket:
     life of a bucket layout; the Python tensor wrapping it is the same object every step (PyTorch keeps a
     tensor's Python object alive with the tensor), so its id is the key and a weak reference confirms it."""
 
-    __slots__ = ("ref", "base", "group", "info", "size", "template")
+    __slots__ = ("ref", "base", "group", "info", "size", "scale", "template")
 
     def __init__(self, tensor: torch.Tensor, base: Any, group: Any, info: Any, template: list) -> None:
         self.ref = weakref.ref(tensor)
         self.base, self.group, self.info, self.size, self.template = base, group, info, group.size(), template
+        self.scale = 1.0 / self.size
 
 
 def _bucket(state: _Trampoline, bucket: dist.GradBucket, group: Any, tensor: torch.Tensor) -> _Bucket | None:
