@@ -11,7 +11,7 @@ calls); their difference divided by the difference in length is the cost per ste
 (a flush's metric export, the profiler's start and stop, callgrind's own requests).
 
 * DDP (1 gloo rank, the MLP of bench_training.py): plain (no comm hook: what DDP does unless told
-  otherwise), DDP's builtin C++ ``ALLREDUCE`` hook, the leanest Python comm hook possible (divide,
+  otherwise), DDP's builtin C++ ``ALLREDUCE`` hook, the leanest Python comm hook possible (scale,
   all-reduce, hand the tensor back: what any Python comm hook costs), torch's Python ``allreduce_hook``,
   CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events,
   counted) on the plain model, then instrumented with the default settings in steady state and with every
@@ -127,14 +127,15 @@ def _ddp_child(args: argparse.Namespace) -> None:
     steps(python_hook_step, 3)
     counted("DDP torch Python hook", python_hook_step)
 
-    # The least any Python comm hook can do: take the bucket, divide it (as DDP's builtin C++ hook does), all-reduce
-    # it, and hand DDP the tensor through a Python callback (the reducer accepts only a Python object).
+    # The least any Python comm hook can do: take the bucket, scale it (by the reciprocal of the group size, as DDP
+    # without a hook does), all-reduce it, and hand DDP the tensor through a Python callback (the reducer accepts
+    # only a Python object).
     def _reduced(fut):
         return fut.value()[0]
 
     def leanest_hook(group, bucket):
         tensor = bucket.buffer()
-        tensor.div_(group.size())
+        tensor.mul_(1.0 / group.size())
         return group.allreduce([tensor], lean_options).get_future().then(_reduced)
 
     lean_options = dist.AllreduceOptions()
