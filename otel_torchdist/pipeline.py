@@ -167,18 +167,16 @@ class Pipeline:
                     health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
                 count += 1
             # After the records: a step's close (deferred) must see the records of that step.
-            deferred, registered = record.DEFERRED, record.DRAINED
+            deferred = record.DEFERRED
             while deferred:
                 try:
                     entry = deferred.popleft()
                 except IndexError:
                     break
-                fn = entry[0]
                 try:
-                    if fn.__class__ is int:
-                        fn = registered[fn]
-                    fn(self, *entry[1:])
+                    record.run(self, entry)
                 except Exception as exc:
+                    fn = record.function(entry)
                     health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
         self.processed += count
         if self.queued_spans() >= self.cfg.span_batch_size:

@@ -322,7 +322,9 @@ class StepTracker:
         index = self.index
         if self.run_id is None or index + IDS_AHEAD // 2 in table:
             return
-        for stale in [k for k in table if k <= index]:  # numbers an explicit step skipped
+        # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
+        # which would break an iteration over the dict itself.
+        for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
             table.pop(stale, None)
         for i in range(index + 1, index + IDS_AHEAD + 1):
             if i not in table:

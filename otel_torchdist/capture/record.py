@@ -152,12 +152,15 @@ def queue(entry: tuple) -> None:
         _dropped[0] += 1
 
 
+def function(entry: tuple) -> Any:
+    """The function a deferred entry calls."""
+    fn = entry[0]
+    return DRAINED[fn] if fn.__class__ is int else fn
+
+
 def run(pipeline: Any, entry: tuple) -> None:
     """Run a deferred entry (on the drain thread)."""
-    fn = entry[0]
-    if fn.__class__ is int:
-        fn = DRAINED[fn]
-    fn(pipeline, *entry[1:])
+    function(entry)(pipeline, *entry[1:])
 
 
 def push(rec: list) -> None:
