@@ -1,6 +1,7 @@
 """Instructions, not seconds: what otel-torchdist and the alternatives add, counted by callgrind.
 
     python benchmarks/bench_instructions.py [--steps 40] [--calls 4000] [--idle 20] [--batch 32] [--only ddp|hot]
+                                            [--variants "DDP plain,DDP instrumented,..."]
 
 Needs valgrind (``apt-get install valgrind``); takes about 20 minutes on 2 cores. On a shared or small
 machine wall time moves by more than a 1 % effect (see docs/performance.md), while the instructions a
@@ -96,14 +97,22 @@ def _ddp_child(args: argparse.Namespace) -> None:
         for _ in range(n):
             step()
 
-    def counted(label, step, flush=None):
+    def wanted(label):
+        return args.variants is None or label in args.variants
+
+    def counted(label, step, flush=None, warm=0):
         """Two sections of different lengths: their difference is the cost per step, without fixed costs."""
+        if not wanted(label):
+            return
+        steps(step, warm)
         for n in _lengths(args.steps):
             _section(f"{label}:{n}:steps", lambda: steps(step, n))
             if flush is not None:
                 _section(f"{label}:{n}:flush", flush)
 
     def instrumented(label, step, **extra):
+        if not wanted(label):
+            return
         otel_torchdist.instrument(**options, **QUIET, **extra)
         flush = lambda: runtime.current().flush(600)  # noqa: E731
         steps(step, STEADY)  # past the steps the default sampling traces in full
@@ -112,20 +121,15 @@ def _ddp_child(args: argparse.Namespace) -> None:
         otel_torchdist.uninstrument()
 
     plain_step = trainer(DDP(_mlp()))  # measured before any instrument(), which would give it the trampoline
-    steps(plain_step, 3)
-    counted("DDP plain", plain_step)
+    counted("DDP plain", plain_step, warm=3)
 
     builtin = DDP(_mlp())
     builtin._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
-    builtin_step = trainer(builtin)
-    steps(builtin_step, 3)
-    counted("DDP builtin C++ hook", builtin_step)
+    counted("DDP builtin C++ hook", trainer(builtin), warm=3)
 
     python_hook = DDP(_mlp())
     python_hook.register_comm_hook(None, allreduce_hook)
-    python_hook_step = trainer(python_hook)
-    steps(python_hook_step, 3)
-    counted("DDP torch Python hook", python_hook_step)
+    counted("DDP torch Python hook", trainer(python_hook), warm=3)
 
     # The least any Python comm hook can do: take the bucket, scale it (by the reciprocal of the group size, as DDP
     # without a hook does), all-reduce it, and hand DDP the tensor through a Python callback (the reducer accepts
@@ -142,26 +146,24 @@ def _ddp_child(args: argparse.Namespace) -> None:
     lean_options.reduceOp = dist.ReduceOp.SUM
     lean = DDP(_mlp())
     lean.register_comm_hook(dist.group.WORLD, leanest_hook)
-    lean_step = trainer(lean)
-    steps(lean_step, 3)
-    counted("DDP leanest Python hook", lean_step)
+    counted("DDP leanest Python hook", trainer(lean), warm=3)
 
     def debug_step():
         # One CommDebugMode per step: one across several steps trips over its own module stack.
         with CommDebugMode():
             plain_step()
 
-    steps(debug_step, 3)
-    counted("DDP CommDebugMode", debug_step)
+    counted("DDP CommDebugMode", debug_step, warm=3)
 
-    with profile(activities=[ProfilerActivity.CPU]):  # the profiler's one-time set-up, outside the count
-        steps(plain_step, 3)
-    for n in _lengths(args.steps):
-        def profiled(n=n):
-            with profile(activities=[ProfilerActivity.CPU]):  # its __exit__ processes the events: counted
-                steps(plain_step, n)
+    if wanted("DDP torch.profiler"):
+        with profile(activities=[ProfilerActivity.CPU]):  # the profiler's one-time set-up, outside the count
+            steps(plain_step, 3)
+        for n in _lengths(args.steps):
+            def profiled(n=n):
+                with profile(activities=[ProfilerActivity.CPU]):  # its __exit__ processes the events: counted
+                    steps(plain_step, n)
 
-        _section(f"DDP torch.profiler:{n}:steps", profiled)
+            _section(f"DDP torch.profiler:{n}:steps", profiled)
 
     otel_torchdist.instrument(**options)  # from here on, the plain model has the (idle) trampoline too
     hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
@@ -170,15 +172,14 @@ def _ddp_child(args: argparse.Namespace) -> None:
     instrumented("DDP every step traced", hooked_step, trace_every_steps=1)
 
     fsdp_step = trainer(_fsdp_mlp())
-    steps(fsdp_step, 3)
-    counted("FSDP2 plain", fsdp_step)
+    counted("FSDP2 plain", fsdp_step, warm=3)
     instrumented("FSDP2 instrumented", fsdp_step)
 
-    # The timers at rest, default settings: drain, span export, metric export, system metrics, watchdog.
-    otel_torchdist.instrument(**options)
-    time.sleep(2.0)
-    _section("idle", lambda: time.sleep(args.idle))
-    otel_torchdist.uninstrument()
+    if wanted("idle"):  # the timers at rest, default settings: drain, span export, metric export, system metrics
+        otel_torchdist.instrument(**options)
+        time.sleep(2.0)
+        _section("idle", lambda: time.sleep(args.idle))
+        otel_torchdist.uninstrument()
     dist.destroy_process_group()
 
 
@@ -275,7 +276,7 @@ def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], d
             "valgrind", "--tool=callgrind", "--separate-threads=yes", f"--callgrind-out-file={folder}/cg.%p",
             sys.executable, os.path.abspath(__file__), "--child", child,
             "--steps", str(args.steps), "--calls", str(args.calls), "--idle", str(args.idle), "--batch", str(args.batch),
-        ]  # fmt: skip
+        ] + (["--variants", ",".join(args.variants)] if args.variants else [])  # fmt: skip
         log = open(os.path.join(folder, "log.txt"), "w")
         procs[child] = (subprocess.Popen(cmd, env=env, stdout=log, stderr=subprocess.STDOUT), folder, log)
     results = {}
@@ -319,8 +320,8 @@ def _report(args: argparse.Namespace, results: dict) -> None:
 
 def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
     main, every = counts
-    idle = every.pop("idle") / args.idle
-    main.pop("idle")
+    idle = every.pop("idle", None)
+    main.pop("idle", None)
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
     short, long = _lengths(args.steps)
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch {args.batch}; per step, from sections of {short} and {long} steps")
@@ -328,29 +329,35 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
     def total(variant: str) -> float:  # all threads, the deferred work included
         return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
 
+    def has(*variants: str) -> bool:  # counted in this run (see --variants)
+        return all((variant, "steps") in on_thread for variant in variants)
+
     for variant, kind in on_thread:
         if kind != "steps":
             continue
         plain = variant.split()[0] + " plain"
+        compared = variant != plain and has(plain)
         mine = on_thread[(variant, "steps")]
         line = f"{variant:<26} {mine / 1e6:13.2f} M"
-        line += f" {'':>8}" if variant == plain else f" {_pct(mine, on_thread[(plain, 'steps')])}"
+        line += f" {_pct(mine, on_thread[(plain, 'steps')])}" if compared else f" {'':>8}"
         line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {total(variant) / 1e6:10.2f} M"
-        line += "" if variant == plain else f" {_pct(total(variant), total(plain))}"
+        line += f" {_pct(total(variant), total(plain))}" if compared else ""
         print(line)
 
-    floor = on_thread[("DDP leanest Python hook", "steps")]
-    print(
-        f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - floor) / 1e3:.0f} k "
-        f"instructions over the leanest Python comm hook, which is {(floor - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
-        "over plain DDP"
-    )
-    ours = total("DDP instrumented") - total("DDP plain")
+    if has("DDP plain", "DDP leanest Python hook", "DDP instrumented"):
+        floor = on_thread[("DDP leanest Python hook", "steps")]
+        print(
+            f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - floor) / 1e3:.0f} k "
+            f"instructions over the leanest Python comm hook, which is {(floor - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
+            "over plain DDP"
+        )
     for tool in ("DDP CommDebugMode", "DDP torch.profiler"):
-        theirs = total(tool) - total("DDP plain")
-        ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing"
-        print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
-    print(f"timers at rest (default settings, all threads): {idle / 1e6:.2f} M instructions per second")
+        if has("DDP plain", "DDP instrumented", tool):
+            ours, theirs = total("DDP instrumented") - total("DDP plain"), total(tool) - total("DDP plain")
+            ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing"
+            print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
+    if idle is not None:
+        print(f"timers at rest (default settings, all threads): {idle / args.idle / 1e6:.2f} M instructions per second")
 
 
 def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
@@ -386,6 +393,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--idle", type=float, default=20.0, help="seconds of the idle section (default 20)")
     parser.add_argument("--batch", type=int, default=32, help="DDP/FSDP2 batch size (default 32)")
     parser.add_argument("--only", choices=("ddp", "hot"), help="run one part: the training steps or the hot path")
+    parser.add_argument(
+        "--variants",
+        type=lambda text: [v.strip() for v in text.split(",")],
+        help='the training-step variants to count, by their names in the table, comma-separated (default all; '
+        '"idle" is the timers at rest), e.g. "DDP plain,DDP leanest Python hook,DDP instrumented"',
+    )
     parser.add_argument("--child", choices=("ddp", "hot"), help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child == "ddp":
