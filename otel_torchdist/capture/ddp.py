@@ -65,9 +65,7 @@ _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Tramp
 # WeakKeyDictionary made two weak references in Python each time.
 _forwards: dict[int, int] = {}
 _warned: weakref.WeakSet = weakref.WeakSet()
-_world = c10d._world
-# c10d's coalescing blocks by group: the dict the pg_coalesce_state property returns (read per bucket).
-_coalescing = getattr(_world, "_pg_coalesce_state", None)
+_coalescing = c10d_capture._coalesce_state  # c10d's coalescing blocks by group, read without the property
 _SUM = dist.ReduceOp.SUM
 SOURCE = "ddp_hook"
 
@@ -123,8 +121,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
     tensor = bucket.buffer()
     if group is None:
         group = c10d._get_default_group()
-    coalescing = _world.pg_coalesce_state if _coalescing is None else _coalescing
-    if tensor.__class__ is not _Tensor or _has_torch_function((tensor,)) or (coalescing and group in coalescing):
+    if tensor.__class__ is not _Tensor or _has_torch_function((tensor,)) or (_coalescing and group in _coalescing):
         return _general(state, bucket)
     try:
         facts = state.buckets.get(id(tensor))
