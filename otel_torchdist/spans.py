@@ -31,6 +31,8 @@ def dtype_name(dtype: Any) -> str | None:
 def redop_name(op: Any) -> str | None:
     if op is None:
         return None
+    if isinstance(op, str):  # functional collectives name the op: "sum", "avg"
+        return op.lower()
     name = getattr(op, "name", None)
     if isinstance(name, str):
         return name.lower()

@@ -89,8 +89,7 @@ class Watchdog:
     def in_flight(self) -> list[list | tuple]:
         records = self.blocking_in_flight()
         records += [join.rec for join in completion.in_flight()]
-        with funcol._pending_lock:
-            records += [join.rec for _, join in funcol._pending.values()]
+        records += [entry[1] for entry in list(funcol._pending.values())]  # one copy, atomic under the GIL
         for gi in groups.all_groups():
             with gi.lock:
                 records += list(gi.pending.values())

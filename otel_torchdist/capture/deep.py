@@ -124,22 +124,18 @@ def _pending(rec: list, out: Any) -> None:
     if not tensors:
         R.complete(rec, n.END_RETURN)
         return
-    join = _Join(rec, len(tensors))
-    with funcol._pending_lock:
-        for t in tensors:
-            funcol._pending[id(t)] = (weakref.ref(t), join)
+    join = _Join(rec, len(tensors)) if len(tensors) > 1 else None
+    for t in tensors:
+        funcol._pending[id(t)] = (weakref.ref(t), rec, join)
 
 
 def _wait(func, args, kwargs):
     t0 = perf_counter_ns()
     out = func(*args, **kwargs)
     tensor = args[0] if args else kwargs.get("tensor")
-    with funcol._pending_lock:
-        hit = funcol._pending.pop(id(tensor), None)
+    hit = funcol._pending.pop(id(tensor), None)
     if hit is not None and hit[0]() is tensor:
-        rec = hit[1].rec
-        rec[R.EXTRA] = ("wait_ns", (rec[R.EXTRA][1] if rec[R.EXTRA] else 0) + perf_counter_ns() - t0)
-        hit[1].done(n.END_WAIT)
+        funcol.end(hit, n.END_WAIT, perf_counter_ns() - t0)
     return out
 
 

@@ -12,9 +12,9 @@ immediately and the record ends at return.
 The wait often arrives for a different tensor than the one issued: a view op on an
 ``AsyncCollectiveTensor`` (tensor parallel reshapes its outputs) wraps a *view* of the output, and the
 view is what gets waited. c10d itself finds the work by the output's storage, so pending records are
-keyed the same way. An output that is never waited stays alive in c10d's work registry, so its record
-ends as unfinished at ``uninstrument()``; should its storage be freed first, a weak reference to it ends
-the record then, so a reused address cannot match a stale record.
+keyed the same way. An output that is never waited ends its record as unfinished: when its storage is
+freed (a weak reference to it ends the record then, so a reused address cannot match a stale record), or
+at ``uninstrument()`` if c10d's work registry keeps it alive (gloo's works hold their outputs).
 
 Functional collectives inside compiled graphs call the C++ ops without these functions: see ``deep.py``.
 The autograd backward of a bare functional collective (not DTensor's, which goes through these functions)
@@ -24,9 +24,10 @@ is likewise only visible to the deep mode.
 from __future__ import annotations
 
 import functools
-import threading
+import inspect
 import weakref
 from time import perf_counter_ns
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -37,59 +38,62 @@ from .. import names as n
 from ..patching import Patch
 from . import groups
 from . import record as R
-from .c10d import _parent_span, _is_compiling
+from .c10d import _SPAN_KEY, _current_context, _is_compiling, _parent_span
 from .completion import _Join
 from .ops import describe
 
 SOURCE = "funcol"
 MAX_PENDING = 4096
+SUM, TIMES_N = "input", "input_times_n"
 
-# name -> (kind, size rule, redop position or None, src position or None); positions count the tensor arg.
-_SPECS: dict[str, tuple[str, str, int | None, int | None]] = {
-    "all_reduce": (bw.ALL_REDUCE, "input", 1, None),
-    "all_gather_single": (bw.ALL_GATHER, "input_times_n", None, None),
-    "all_gather_tensor": (bw.ALL_GATHER, "input_times_n", None, None),
-    "all_gather_single_autograd": (bw.ALL_GATHER, "input_times_n", None, None),
-    "all_gather_tensor_autograd": (bw.ALL_GATHER, "input_times_n", None, None),
-    "reduce_scatter_single": (bw.REDUCE_SCATTER, "input", 1, None),
-    "reduce_scatter_tensor": (bw.REDUCE_SCATTER, "input", 1, None),
-    "reduce_scatter_single_autograd": (bw.REDUCE_SCATTER, "input", 1, None),
-    "reduce_scatter_tensor_autograd": (bw.REDUCE_SCATTER, "input", 1, None),
-    "all_to_all_single": (bw.ALL_TO_ALL, "input", None, None),
-    "all_to_all_single_autograd": (bw.ALL_TO_ALL, "input", None, None),
-    "broadcast": (bw.BROADCAST, "input", None, 1),
-    "all_reduce_coalesced": (bw.ALL_REDUCE, "input", 1, None),
-    "all_gather_single_coalesced": (bw.ALL_GATHER, "input_times_n", None, None),
-    "all_gather_into_tensor_coalesced": (bw.ALL_GATHER, "input_times_n", None, None),
-    "reduce_scatter_single_coalesced": (bw.REDUCE_SCATTER, "input", 1, None),
-    "reduce_scatter_tensor_coalesced": (bw.REDUCE_SCATTER, "input", 1, None),
-    "permute_tensor": (bw.ALL_TO_ALL, "input", None, None),
+# name -> (kind, size rule, payload parameter, reduce-op parameter, source-rank parameter). Every one of these
+# functions takes its process group as ``group`` and its tag as ``tag``; parameters are found by name in
+# each function's signature, so keyword calls (DTensor passes ``group=`` and ``reduceOp=``) read the same.
+_SPECS: dict[str, tuple[str, str, str, str | None, str | None]] = {
+    "all_reduce": (bw.ALL_REDUCE, SUM, "self", "reduceOp", None),
+    "all_gather_single": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "all_gather_tensor": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "all_gather_single_autograd": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "all_gather_tensor_autograd": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "reduce_scatter_single": (bw.REDUCE_SCATTER, SUM, "self", "reduceOp", None),
+    "reduce_scatter_tensor": (bw.REDUCE_SCATTER, SUM, "self", "reduceOp", None),
+    "reduce_scatter_single_autograd": (bw.REDUCE_SCATTER, SUM, "self", "reduceOp", None),
+    "reduce_scatter_tensor_autograd": (bw.REDUCE_SCATTER, SUM, "self", "reduceOp", None),
+    "all_to_all_single": (bw.ALL_TO_ALL, SUM, "self", None, None),
+    "all_to_all_single_autograd": (bw.ALL_TO_ALL, SUM, "self", None, None),
+    "broadcast": (bw.BROADCAST, SUM, "self", None, "src"),
+    "all_reduce_coalesced": (bw.ALL_REDUCE, SUM, "self", "reduceOp", None),
+    "all_gather_single_coalesced": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "all_gather_into_tensor_coalesced": (bw.ALL_GATHER, TIMES_N, "self", None, None),
+    "reduce_scatter_single_coalesced": (bw.REDUCE_SCATTER, SUM, "inputs", "reduceOp", None),
+    "reduce_scatter_tensor_coalesced": (bw.REDUCE_SCATTER, SUM, "inputs", "reduceOp", None),
+    "permute_tensor": (bw.ALL_TO_ALL, SUM, "self", None, None),
 }
-# The group is the 4th positional parameter for these, the 3rd for the rest (see the signatures).
-_GROUP_AT_3 = {
-    "all_to_all_single",
-    "all_to_all_single_autograd",
-    "reduce_scatter_single",
-    "reduce_scatter_tensor",
-    "reduce_scatter_single_autograd",
-    "reduce_scatter_tensor_autograd",
-    "reduce_scatter_single_coalesced",
-    "reduce_scatter_tensor_coalesced",
-}
-_GROUP_AT_1 = {"all_gather_single_coalesced", "all_gather_into_tensor_coalesced"}
 
-_pending: dict[int, tuple[Any, _Join]] = {}  # storage address -> (weakref to the storage, join)
-_pending_lock = threading.RLock()  # re-entrant: a GC pass under it may run a storage weakref callback
+# Output storage address (or, for deep.py, a tensor's id) -> (weak reference to it, record, join or None).
+# The join counts the outputs of a coalesced call; a single output ends its record directly. Every access is
+# one dict operation, atomic under the GIL, and none needs a lock: a key is written only while its storage is
+# fresh (not yet handed to the caller, so no wait can name it) and popped by the wait or by the storage's own
+# death, and an address is reused only after its storage's weakref callback has run.
+_pending: dict[int, tuple[Any, list, _Join | None]] = {}
 _group_cache: dict[Any, Any] = {}
+_Tensor = torch.Tensor
+_BY_ID = groups.BY_ID
+_TLS = R.TLS
+_of_tensor = R.of_tensor
+_QUEUE = R.QUEUE
+_limit = R._limit
+_T_START, _T_END, _END, _EXTRA, _GROUP, _SEQ = R.T_START, R.T_END, R.END, R.EXTRA, R.GROUP, R.SEQ
+_END_WAIT = n.END_WAIT
+
+
+class _StorageRef(weakref.ref):
+    """A weak reference to an output's storage that knows its key: one module-level callback serves all."""
+
+    __slots__ = ("key",)
 
 
 def _group_info(funcol: Any, group: Any, tag: str) -> groups.GroupInfo | None:
-    try:
-        hit = _group_cache.get(group)
-    except TypeError:  # a list of ranks: unhashable, resolve every time
-        hit = None
-    if hit is not None:
-        return hit
     resolved = funcol._resolve_group(group, tag)
     if isinstance(resolved, str):
         from torch.distributed import distributed_c10d as c10d
@@ -99,96 +103,89 @@ def _group_info(funcol: Any, group: Any, tag: str) -> groups.GroupInfo | None:
     try:
         if gi is not None:
             _group_cache[group] = gi
-    except TypeError:
+    except TypeError:  # a list of ranks: unhashable, resolved every time
         pass
     return gi
 
 
-def _tensors(result: Any) -> list:
-    if isinstance(result, (list, tuple)):
-        return list(result)
-    return [result]
+def _make_begin(name: str, funcol: Any, orig: Callable) -> Callable[[tuple, dict], list | None]:
+    """(args, kwargs) -> a record without times, or None to pass the call through."""
+    kind, size_rule, payload, redop, src = _SPECS[name]
+    params = list(inspect.signature(orig).parameters)
+    ip, ig, it = params.index(payload), params.index("group"), params.index("tag")
+    ir = params.index(redop) if redop else None
+    isrc = params.index(src) if src else None
+    times_n = size_rule == TIMES_N
+
+    def begin(args: tuple, kwargs: dict) -> list | None:
+        # Each parameter read where it is, positional or keyword: no binding of the whole signature.
+        count = len(args)
+        group = args[ig] if count > ig else kwargs.get("group")
+        try:
+            gi = _group_cache.get(group)
+        except TypeError:
+            gi = None
+        if gi is None:
+            gi = _group_info(funcol, group, args[it] if count > it else kwargs.get("tag", ""))
+            if gi is None:
+                return None
+        x = args[ip] if count > ip else kwargs.get(payload)
+        redop_value = None if ir is None else args[ir] if count > ir else kwargs.get(redop)
+        root = None if isrc is None else (args[isrc] if count > isrc else kwargs.get(src), None)
+        if x.__class__ is _Tensor:  # the common case, one plain tensor
+            nbytes = x.nbytes * gi.size if times_n else x.nbytes
+            parent = _current_context().get(_SPAN_KEY)
+            return _of_tensor(name, kind, SOURCE, gi.gid, x, nbytes, True, root, None, redop_value, parent)
+        rec = R.new(name, kind, SOURCE, gi.gid)
+        describe((x,), rec)
+        if times_n:
+            rec[R.NBYTES] *= gi.size
+        rec[R.ASYNC] = True
+        rec[R.REDOP] = redop_value
+        rec[R.ROOT] = root
+        rec[R.PARENT] = _parent_span()
+        return rec
+
+    return begin
 
 
 def _wrap(name: str, funcol: Any):
-    kind, size_rule, redop_at, src_at = _SPECS[name]
-    group_at = 3 if name in _GROUP_AT_3 else (1 if name in _GROUP_AT_1 else 2)
-    group_param = ("group",)
     acs_type = funcol.AsyncCollectiveTensor
 
     def make(orig):
+        begin = _make_begin(name, funcol, orig)
+
         @functools.wraps(orig)
         def wrapper(*args, **kwargs):
-            if _is_compiling() or R.TLS.outer is not None:
+            if _is_compiling() or _TLS.outer is not None:
                 return orig(*args, **kwargs)
             try:
-                rec = _begin(args, kwargs)
+                rec = begin(args, kwargs)
             except Exception as exc:
                 health.error("capture", f"could not describe a functional {name}", exc)
                 rec = None
             if rec is None:
                 return orig(*args, **kwargs)
-            R.TLS.outer = rec
-            rec[R.T_START] = perf_counter_ns()
+            _TLS.outer = rec
+            rec[_T_START] = perf_counter_ns()
             try:
                 result = orig(*args, **kwargs)
             except BaseException as exc:
-                R.TLS.outer = None
+                _TLS.outer = None
                 rec[R.ERROR] = R.error_info(exc)
                 R.complete(rec, n.END_RETURN)
                 raise
-            R.TLS.outer = None
+            _TLS.outer = None
             try:
-                _finish(rec, result)
+                gi = _BY_ID[rec[_GROUP]]
+                rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
+                if result.__class__ is acs_type:
+                    _pend(result.elem.untyped_storage(), rec, None)  # the common case, one output
+                else:
+                    _finish(rec, result, acs_type)
             except Exception as exc:
                 health.error("capture", f"could not complete a functional {name} record", exc)
             return result
-
-        def _begin(args, kwargs):
-            if len(args) > group_at:
-                group = args[group_at]
-            else:
-                group = kwargs.get(group_param[0])
-            tag = kwargs.get("tag", args[group_at + 1] if len(args) > group_at + 1 else "")
-            gi = _group_info(funcol, group, tag)
-            if gi is None:
-                return None
-            rec = R.new(name, kind, SOURCE, gi.gid)
-            payload = args[0] if args else kwargs.get("self", kwargs.get("inputs"))
-            describe((payload,), rec)
-            if size_rule == "input_times_n":
-                rec[R.NBYTES] *= gi.size
-            rec[R.ASYNC] = True
-            if redop_at is not None and len(args) > redop_at:
-                rec[R.REDOP] = args[redop_at]
-            if src_at is not None and len(args) > src_at:
-                rec[R.ROOT] = (args[src_at], None)
-            rec[R.PARENT] = _parent_span()
-            return rec
-
-        def _finish(rec, result):
-            gi = groups.BY_ID[rec[R.GROUP]]
-            rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-            storages = {}
-            for t in _tensors(result):
-                if isinstance(t, acs_type):
-                    storage = t.elem.untyped_storage()
-                    storages[storage._cdata] = storage
-            if not storages:
-                R.complete(rec, n.END_RETURN)  # tracing, or already waited: complete at return
-                return
-            join = _Join(rec, len(storages))
-            displaced = []
-            with _pending_lock:
-                for key, storage in storages.items():
-                    old = _pending.get(key)
-                    if old is not None:
-                        displaced.append(old[1])
-                    _pending[key] = (weakref.ref(storage, _dropped(key)), join)
-                while len(_pending) > MAX_PENDING:
-                    displaced.append(_pending.pop(next(iter(_pending)))[1])
-            for old in displaced:
-                old.done(n.END_UNFINISHED)
 
         wrapper.__otel_torchdist_wrapped__ = orig
         return wrapper
@@ -196,21 +193,64 @@ def _wrap(name: str, funcol: Any):
     return make
 
 
-def _dropped(key: int):
-    """The weakref callback: the output's storage was freed without a wait, so the record cannot end."""
+def _finish(rec: list, result: Any, acs_type: type) -> None:
+    """A list of outputs (coalesced calls), or a plain tensor (tracing, or already waited)."""
+    storages = {}
+    for t in result if isinstance(result, (list, tuple)) else (result,):
+        if isinstance(t, acs_type):
+            storage = t.elem.untyped_storage()
+            storages[storage._cdata] = storage
+    if not storages:
+        R.complete(rec, n.END_RETURN)
+        return
+    join = _Join(rec, len(storages)) if len(storages) > 1 else None
+    for storage in storages.values():
+        _pend(storage, rec, join)
 
-    def callback(ref):
-        with _pending_lock:
-            entry = _pending.get(key)
-            if entry is None or entry[0] is not ref:
-                return  # already waited, or the address now belongs to a newer record
-            del _pending[key]
+
+def _pend(storage: Any, rec: list, join: _Join | None) -> None:
+    """Hold ``rec`` until ``wait_tensor`` returns for a tensor on ``storage``."""
+    ref = _StorageRef(storage, _dropped)
+    key = ref.key = storage._cdata
+    displaced = _pending.pop(key, None)  # a record whose storage died unseen: it cannot end any more
+    _pending[key] = (ref, rec, join)
+    if displaced is not None:
+        end(displaced, n.END_UNFINISHED)
+    if len(_pending) > MAX_PENDING:
         try:
-            entry[1].done(n.END_UNFINISHED)
-        except Exception as exc:
-            health.error("completion", "could not end a functional collective record", exc)
+            oldest = next(iter(_pending))
+        except (StopIteration, RuntimeError):  # emptied, or changed by another thread meanwhile
+            return
+        evicted = _pending.pop(oldest, None)
+        if evicted is not None:
+            end(evicted, n.END_UNFINISHED)
 
-    return callback
+
+def end(entry: tuple, source: str, wait_ns: int = 0, t_end: int | None = None) -> None:
+    """End a pending entry's record (its join's share of it, for a coalesced call); ``wait_ns``: how long
+    the wait that ended it blocked."""
+    rec, join = entry[1], entry[2]
+    if join is None:
+        if wait_ns:
+            rec[_EXTRA] = ("wait_ns", wait_ns)
+        R.complete(rec, source, t_end)
+        return
+    if wait_ns:
+        with join.lock:  # coalesced outputs are waited one tensor at a time: add up
+            rec[_EXTRA] = ("wait_ns", (rec[_EXTRA][1] if rec[_EXTRA] else 0) + wait_ns)
+    join.done(source)
+
+
+def _dropped(ref: _StorageRef) -> None:
+    """The weakref callback: the output's storage was freed without a wait, so the record cannot end."""
+    try:
+        entry = _pending.get(ref.key)
+        if entry is None or entry[0] is not ref:
+            return  # already waited: the common case
+        if _pending.pop(ref.key, None) is entry:
+            end(entry, n.END_UNFINISHED)
+    except Exception as exc:
+        health.error("completion", "could not end a functional collective record", exc)
 
 
 def _wrap_wait(orig):
@@ -220,18 +260,22 @@ def _wrap_wait(orig):
             return orig(tensor)
         t0 = perf_counter_ns()
         result = orig(tensor)
+        t_end = perf_counter_ns()
         try:
-            key = tensor.untyped_storage()._cdata
-            with _pending_lock:
-                hit = _pending.pop(key, None)
+            hit = _pending.pop(tensor.untyped_storage()._cdata, None)
             if hit is not None:
-                join = hit[1]
-                rec = join.rec
-                blocked = perf_counter_ns() - t0
-                with _pending_lock:  # coalesced results are waited one tensor at a time: add up
-                    previous = rec[R.EXTRA][1] if rec[R.EXTRA] else 0
-                    rec[R.EXTRA] = ("wait_ns", previous + blocked)
-                join.done(n.END_WAIT)
+                if hit[2] is None:
+                    # One output, the common case inline: its record ends here.
+                    rec = hit[1]
+                    rec[_EXTRA] = ("wait_ns", t_end - t0)
+                    rec[_T_END] = t_end
+                    rec[_END] = _END_WAIT
+                    if len(_QUEUE) < _limit[0]:
+                        _QUEUE.append(tuple(rec))
+                    else:
+                        R._dropped[0] += 1
+                else:
+                    end(hit, _END_WAIT, t_end - t0)
         except Exception as exc:
             health.error("completion", "could not complete a functional collective record", exc)
         return result
@@ -241,14 +285,10 @@ def _wrap_wait(orig):
 
 
 def flush_unfinished() -> None:
-    with _pending_lock:
-        joins = [join for _, join in _pending.values()]
-        _pending.clear()
-    done = set()
-    for join in joins:
-        if id(join) not in done:
-            done.add(id(join))
-            join.done(n.END_UNFINISHED)
+    entries = list(_pending.values())
+    _pending.clear()
+    for entry in entries:
+        end(entry, n.END_UNFINISHED)
 
 
 def patches() -> list[Patch]:

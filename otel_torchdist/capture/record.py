@@ -98,6 +98,17 @@ def describe(rec) -> str:
     return f"record({rec[OP]} group={rec[GROUP]} seq={rec[SEQ]} S={rec[NBYTES]} dur_us={dur} end={rec[END]} error={rec[ERROR]})"
 
 
+def of_tensor(
+    op: str, kind: str, source: str, gid: int, x: Any, nbytes: int, is_async: bool, root: Any, peer: Any, redop: Any, parent: Any
+) -> list:
+    """The record of a call on one plain tensor, the capture paths' common case, built in one literal."""
+    shape = tuple(x.shape)
+    return [
+        op, kind, source, gid, None, 0, 0, nbytes, x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root,
+        peer, redop, None, None, parent, None, None, False, TLS.ctx, _graph_task_id() != -1, STEP[0],
+    ]  # fmt: skip
+
+
 class _Local(threading.local):
     outer: list | None = None  # the outermost capture in progress on this thread
     ctx: tuple | None = None  # framework context, see context.py

@@ -1,0 +1,114 @@
+"""Functional collectives (``torch.distributed._functional_collectives``) on the ``fake`` backend.
+
+The ``fake`` backend completes at once and, unlike gloo, its works do not hold their outputs: an output
+dropped unwaited really is freed, which is what the weak-reference path needs. Tensor parallel training over
+real gloo ranks (waits through views, CommDebugMode's counts) is in test_training_paths.py.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import time
+
+import pytest
+import torch
+import torch.distributed._functional_collectives as funcol
+
+import otel_torchdist
+from otel_torchdist import names as n
+from otel_torchdist.capture import funcol as capture
+
+from .harness import collective_spans, read_spans
+
+
+def _spans(folder: str) -> list[dict]:
+    otel_torchdist.uninstrument()
+    spans = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
+    return sorted(spans, key=lambda s: int(s["startTimeUnixNano"]))
+
+
+def test_keyword_call_records_group_payload_and_reduce_op(fake_pg, instrumented):
+    folder = instrumented()
+    x = torch.ones(4, 8)
+    # DTensor's own spelling: every parameter but the tensor by keyword
+    out = funcol.all_reduce(x, reduceOp="avg", group=fake_pg)
+    assert isinstance(out, funcol.AsyncCollectiveTensor)
+    out.wait()
+    funcol.reduce_scatter_single(torch.ones(8, 2), "max", 0, fake_pg).wait()
+    funcol.all_gather_single(torch.ones(2, 3), gather_dim=0, group=fake_pg).wait()
+    funcol.broadcast(torch.ones(5), src=2, group=fake_pg).wait()
+    ar, rs, ag, bc = _spans(folder)
+    assert ar["name"] == "all_reduce"
+    assert ar["attributes"][n.COLL_REDUCE_OP] == "avg"
+    assert ar["attributes"][n.COLL_MESSAGE_SIZE] == 4 * 8 * 4
+    assert ar["attributes"][n.COLL_SHAPES] == ["[4, 8]"]
+    assert rs["attributes"][n.COLL_REDUCE_OP] == "max"
+    assert rs["attributes"][n.COLL_MESSAGE_SIZE] == 8 * 2 * 4  # the pre-scatter input
+    assert ag["attributes"][n.COLL_MESSAGE_SIZE] == 2 * 3 * 4 * 4  # the gathered output: input x group size
+    assert bc["attributes"][n.COLL_ROOT] == 2
+    for s in (ar, rs, ag, bc):
+        assert s["attributes"][n.COLL_END_SOURCE] == "wait"
+        assert s["attributes"][n.COLL_FRAMEWORK] == "funcol"
+        assert s["attributes"][n.FUNCOL_WAIT_S] >= 0
+    assert [s["attributes"][n.COLL_SEQ] for s in (ar, rs, ag, bc)] == sorted({s["attributes"][n.COLL_SEQ] for s in (ar, rs, ag, bc)})
+    assert not capture._pending
+
+
+def test_record_ends_at_the_wait_not_at_the_call(fake_pg, instrumented):
+    folder = instrumented()
+    out = funcol.all_reduce(torch.ones(16), "sum", fake_pg)
+    time.sleep(0.05)
+    issued_and_slept = time.time_ns()
+    torch.testing.assert_close(out + 0, torch.ones(16))  # an op on it waits
+    (span,) = _spans(folder)
+    assert int(span["endTimeUnixNano"]) >= issued_and_slept - 5_000_000  # clock slack: 5 ms
+    assert span["attributes"][n.COLL_END_SOURCE] == "wait"
+
+
+def test_coalesced_call_is_one_record_ended_by_its_last_wait(fake_pg, instrumented):
+    folder = instrumented()
+    a, b = funcol.all_reduce_coalesced([torch.ones(3), torch.ones(5)], "sum", fake_pg)
+    a.wait()
+    assert len(capture._pending) == 1, "the second output still holds the record open"
+    b.wait()
+    assert not capture._pending
+    (span,) = _spans(folder)
+    assert span["name"] == "all_reduce_coalesced"
+    assert span["attributes"][n.COLL_TENSORS] == 2
+    assert span["attributes"][n.COLL_MESSAGE_SIZE] == (3 + 5) * 4
+    assert span["attributes"][n.COLL_END_SOURCE] == "wait"
+
+
+def test_output_freed_unwaited_ends_its_record_then_as_unfinished(fake_pg, instrumented):
+    folder = instrumented()
+    out = funcol.all_gather_single(torch.ones(2), 0, fake_pg)
+    assert len(capture._pending) == 1
+    del out
+    gc.collect()
+    assert not capture._pending, "the storage's weak reference ended the record"
+    freed = time.time_ns()
+    time.sleep(0.02)
+    funcol.all_reduce(torch.ones(2), "sum", fake_pg).wait()  # a later record, whatever address it gets
+    dropped, later = _spans(folder)
+    assert dropped["attributes"][n.COLL_END_SOURCE] == "unfinished"
+    assert int(dropped["endTimeUnixNano"]) <= freed + 5_000_000  # ended at the free, not at uninstrument()
+    assert later["attributes"][n.COLL_END_SOURCE] == "wait"
+
+
+def test_result_and_exception_pass_through(fake_pg, instrumented):
+    x = torch.arange(6.0)
+    plain = funcol.all_reduce(x, "sum", fake_pg)
+    plain_value = plain.wait().clone()
+    folder = instrumented()
+    out = funcol.all_reduce(x, "sum", fake_pg)
+    assert type(out) is type(plain)
+    torch.testing.assert_close(out.wait(), plain_value)
+    with pytest.raises(Exception) as raised:
+        funcol.all_reduce(x, "no-such-op", fake_pg)
+    otel_torchdist.uninstrument()
+    with pytest.raises(type(raised.value)):
+        funcol.all_reduce(x, "no-such-op", fake_pg)
+    spans = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
+    failed = [s for s in spans if s["attributes"].get(n.ERROR_TYPE)]
+    assert len(spans) == 2 and len(failed) == 1
