@@ -55,8 +55,8 @@ def _local(dtensor: Any) -> Any:
 def _traced(span_name: str, describe: Any, after: Any = None):
     """Wrap a sharding function: context while it runs (its collectives become children), then a span.
 
-    ``describe(args, kwargs, result)`` gives the span attributes; ``after(args, kwargs, result)`` runs on
-    the training thread after success (module tracking).
+    ``describe(args, kwargs, result)`` gives the span attributes, or a function the drain thread calls for
+    them; ``after(args, kwargs, result)`` runs on the training thread after success (module tracking).
     """
 
     def make(orig):
@@ -65,8 +65,15 @@ def _traced(span_name: str, describe: Any, after: Any = None):
                 return orig(*args, **kwargs)
             try:
                 snap = emit.snapshot()
-                opened = emit.open_span(snap)
-                token = context.push(framework="dtensor", parent=(opened[0], opened[1]))
+                user, fw, step = snap
+                if user is None and (fw is None or fw[3] is None) and step is not None and not step[3]:
+                    # A training step that is not traced: the drain would drop this span, so it is not made
+                    # (a redistribute per layer and pass adds up). Its collectives still say dtensor.
+                    opened = None
+                    token = context.push(framework="dtensor")
+                else:
+                    opened = emit.open_span(snap)
+                    token = context.push(framework="dtensor", parent=(opened[0], opened[1]))
             except Exception as exc:
                 health.error("sharding", f"could not start a {span_name} span", exc)
                 return orig(*args, **kwargs)
@@ -75,16 +82,18 @@ def _traced(span_name: str, describe: Any, after: Any = None):
                 result = orig(*args, **kwargs)
             except BaseException as exc:
                 context.pop(token)
-                etype, message = R.error_info(exc)
-                emit.span_later(span_name, t_start, perf_counter_ns(), [(n.ERROR_TYPE, etype)], snap, opened,
-                                error=f"{etype.rsplit('.', 1)[-1]}: {message}")  # fmt: skip
+                if opened is not None:
+                    etype, message = R.error_info(exc)
+                    emit.span_later(span_name, t_start, perf_counter_ns(), [(n.ERROR_TYPE, etype)], snap, opened,
+                                    error=f"{etype.rsplit('.', 1)[-1]}: {message}")  # fmt: skip
                 raise
             t_end = perf_counter_ns()
             context.pop(token)
             try:
                 if after is not None:
                     after(args, kwargs, result)
-                emit.span_later(span_name, t_start, t_end, describe(args, kwargs, result), snap, opened)
+                if opened is not None:
+                    emit.span_later(span_name, t_start, t_end, describe(args, kwargs, result), snap, opened)
             except Exception as exc:
                 health.error("sharding", f"could not record a {span_name} span", exc)
             return result
@@ -114,13 +123,23 @@ def _describe_distribute_tensor(args, kwargs, result):
 
 
 def _describe_redistribute(args, kwargs, result):
+    # The facts now (shapes, placements, mesh: no tensor, which would outlive its step in the queue), the
+    # strings on the drain thread.
     source = args[0]
+    facts = (
+        tuple(source.shape), tuple(_local(source).shape), tuple(_local(result).shape),
+        source.placements, result.placements, result.device_mesh,
+    )  # fmt: skip
+    return lambda: _redistribute_attributes(*facts)
+
+
+def _redistribute_attributes(shape, local_before, local_after, before, after, mesh) -> list[tuple[str, Any]]:
     return [
-        (n.SHARD_ORIGINAL_SHAPES, _shapes(source)),
-        (n.SHARD_SHARDED_SHAPES, _shapes(_local(source), _local(result))),
-        (n.SHARD_PLACEMENTS_BEFORE, _placements(source.placements)),
-        (n.SHARD_PLACEMENTS_AFTER, _placements(result.placements)),
-    ] + _mesh(result.device_mesh)
+        (n.SHARD_ORIGINAL_SHAPES, (str(list(shape)),)),
+        (n.SHARD_SHARDED_SHAPES, (str(list(local_before)), str(list(local_after)))),
+        (n.SHARD_PLACEMENTS_BEFORE, _placements(before)),
+        (n.SHARD_PLACEMENTS_AFTER, _placements(after)),
+    ] + _mesh(mesh)
 
 
 def _describe_module(args, kwargs, result):
