@@ -24,7 +24,8 @@ calls); their difference divided by the difference in length is the cost per ste
   settings.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
   thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
-  collective and in units of one plain call.
+  collective and in units of one plain call; the same for a functional collective (``funcol.all_reduce``
+  and its wait, what DTensor and tensor parallel issue) with the default settings.
 
 Counts include the interpreter's garbage collections wherever they fall, so they move a little between
 runs. Instructions are not time: a cache miss or a thread hand-off (each DDP bucket's completion runs
@@ -235,6 +236,34 @@ def _hot_child(args: argparse.Namespace) -> None:
             _section(f"{variant} hot:{n}:steps", lambda: loop(n, step_every))
             _section(f"{variant} hot:{n}:flush", flush)
         otel_torchdist.uninstrument()
+
+    # Functional collectives, what DTensor and tensor parallel issue: all_reduce and its wait, default settings.
+    import torch.distributed._functional_collectives as funcol
+
+    group = dist.group.WORLD
+
+    def funcol_loop(n: int) -> None:
+        all_reduce, step_end, step_begin = funcol.all_reduce, otel_torchdist.step_end, otel_torchdist.step_begin
+        for i in range(n):  # looked up per section: instrument() replaces it
+            all_reduce(t, "sum", group).wait()
+            if i % STEP == 0:
+                step_end()
+                step_begin()
+
+    funcol_loop(200)
+    for n in _lengths(args.calls):
+        _section(f"funcol plain:{n}:steps", lambda: funcol_loop(n))
+    otel_torchdist.instrument(
+        run_dir=folder, run_id="bench-funcol", metrics_exporter=("file",), traces_exporter="file",
+        span_queue_size=args.calls + 11 * STEP, max_queued_records=args.calls + 11 * STEP, summary="none",
+        system_metrics=False, straggler_exchange_steps=0, slow_step_factor=0, **QUIET,
+    )  # fmt: skip
+    funcol_loop(11 * STEP)
+    runtime.current().flush(600)
+    for n in _lengths(args.calls):
+        _section(f"funcol hot:{n}:steps", lambda: funcol_loop(n))
+        _section(f"funcol hot:{n}:flush", lambda: runtime.current().flush(600))
+    otel_torchdist.uninstrument()
     dist.destroy_process_group()
 
 
@@ -384,6 +413,17 @@ def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         )
         for name, value in rows:
             print(f"{'  ' + name:<44} {value:13.0f} {value / plain:12.2f}")
+    plain = on_thread[("funcol plain", "steps")]
+    added_here = on_thread[("funcol hot", "steps")] - plain
+    deferred = whole[("funcol hot", "flush")]
+    print("functional collective (funcol.all_reduce and its wait), default sampling, a step every 20 calls:")
+    for name, value in (
+        ("plain funcol.all_reduce + wait", plain),
+        ("added on the training thread", added_here),
+        ("deferred: metrics, spans, OTLP/JSON file", deferred),
+        ("whole (added + deferred)", added_here + deferred),
+    ):
+        print(f"{'  ' + name:<44} {value:13.0f} {value / plain:12.2f}")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -173,9 +173,14 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     tracked_step = train_step(tracked_tp, torch.optim.SGD(tracked_tp.parameters(), lr=0.01))
     otel_torchdist.uninstrument()
     rows = results["TP"] = {"plain": [], "instrumented": []}
+    from otel_torchdist.capture import context
+
     for _ in range(args.rounds):
         rows["plain"].append(_time(plain_step, args.steps))
         otel_torchdist.instrument(**options)
+        # uninstrument() took the module hooks parallelize_module gave the model under instrument(); a job
+        # instrumented once keeps them, so they go back on for the timing.
+        context.TRACKER.track(tracked_tp)
         rows["instrumented"].append(_time(tracked_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
 
