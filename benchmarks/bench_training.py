@@ -264,7 +264,12 @@ def main(argv: list[str] | None = None) -> int:
     ours = added("instrumented")
     for tool in ("CommDebugMode", "torch.profiler"):
         theirs = added(tool)
-        ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing measurable"
+        if ours <= 0:
+            ratio = "otel-torchdist added nothing measurable"
+        elif theirs <= 0:
+            ratio = f"{tool} added nothing measurable: wall time here is noise at this size"
+        else:
+            ratio = f"{theirs / ours:.1f}x"
         print(f"added per DDP step: otel-torchdist {ours * 1e3:.0f} us, {tool} {theirs * 1e3:.0f} us ({ratio})")
     print(f"added per DDP step by any Python comm hook (torch's allreduce_hook): {added('torch Python hook') * 1e3:.0f} us")
     return 0
