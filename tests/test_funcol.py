@@ -112,3 +112,14 @@ def test_result_and_exception_pass_through(fake_pg, instrumented):
     spans = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
     failed = [s for s in spans if s["attributes"].get(n.ERROR_TYPE)]
     assert len(spans) == 2 and len(failed) == 1
+
+
+def test_a_function_whose_signature_moved_is_left_uncaptured_not_fatal():
+    from otel_torchdist import health
+
+    def all_reduce(tensor, op, pg):  # no 'group' or 'tag' parameter: what a future torch might have
+        return tensor
+
+    errors = health.errors().get("capture", 0)
+    assert capture._wrap("all_reduce", funcol)(all_reduce) is all_reduce
+    assert health.errors()["capture"] == errors + 1

@@ -153,7 +153,11 @@ def _wrap(name: str, funcol: Any):
     acs_type = funcol.AsyncCollectiveTensor
 
     def make(orig):
-        begin = _make_begin(name, funcol, orig)
+        try:
+            begin = _make_begin(name, funcol, orig)
+        except (ValueError, TypeError) as exc:  # a torch whose signature moved: leave this one uncaptured
+            health.error("capture", f"cannot capture functional {name}: unexpected signature", exc)
+            return orig
 
         @functools.wraps(orig)
         def wrapper(*args, **kwargs):
