@@ -289,9 +289,11 @@ def _wrap_wait(orig):
 
 
 def flush_unfinished() -> None:
-    entries = list(_pending.values())
-    _pending.clear()
-    for entry in entries:
+    while True:
+        try:
+            _, entry = _pending.popitem()  # one at a time: a wait on another thread may pop one meanwhile
+        except KeyError:
+            return
         end(entry, n.END_UNFINISHED)
 
 
