@@ -134,8 +134,11 @@ def _wait(func, args, kwargs):
     out = func(*args, **kwargs)
     tensor = args[0] if args else kwargs.get("tensor")
     hit = funcol._pending.pop(id(tensor), None)
-    if hit is not None and hit[0]() is tensor:
-        funcol.end(hit, n.END_WAIT, perf_counter_ns() - t0)
+    if hit is not None:
+        if hit[0]() is tensor:
+            funcol.end(hit, n.END_WAIT, perf_counter_ns() - t0)
+        else:  # the output it was kept for died unwaited and another tensor has its id now
+            funcol.end(hit, n.END_UNFINISHED)
     return out
 
 

@@ -251,8 +251,11 @@ def _dropped(ref: _StorageRef) -> None:
         entry = _pending.get(ref.key)
         if entry is None or entry[0] is not ref:
             return  # already waited: the common case
-        if _pending.pop(ref.key, None) is entry:
+        popped = _pending.pop(ref.key, None)
+        if popped is entry:
             end(entry, n.END_UNFINISHED)
+        elif popped is not None:
+            _pending[ref.key] = popped  # written meanwhile by another thread: not this storage's to end
     except Exception as exc:
         health.error("completion", "could not end a functional collective record", exc)
 
