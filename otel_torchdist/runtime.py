@@ -111,6 +111,8 @@ class Runtime:
         self.hand_over: _node.HandOver | None = None
         self._lock = threading.RLock()
         self._closed = False
+        self._closer: int | None = None  # the thread running close()
+        self._close_done = threading.Event()
         self._started_at = time.monotonic()
 
     # ------------------------------------------------------------------------------------------ start
@@ -140,7 +142,7 @@ class Runtime:
             health.error("capture", "the optimizer capture could not be installed", exc)
         steps.TRACKER[0] = self.steps
         optim.closer[0] = self.steps.on_optimizer_step
-        signals.install(lambda: self.close(restore=False), self.on_uncaught)
+        signals.install(lambda: self.close(restore=False), self.on_uncaught, self.closing_here)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -337,12 +339,31 @@ class Runtime:
     def flush(self, timeout: float | None = None) -> bool:
         return self.pipeline.flush(self.cfg.flush_timeout if timeout is None else timeout)
 
+    def closing_here(self) -> bool:
+        """Whether the calling thread is inside :meth:`close` (a SIGTERM handler interrupting it)."""
+        return self._closer == threading.get_ident() and not self._close_done.is_set()
+
     def close(self, restore: bool = True) -> None:
-        """Flush everything, print the summary, stop threads and servers; with ``restore``, unpatch."""
+        """Flush everything, print the summary, stop threads and servers; with ``restore``, unpatch.
+
+        A second call, from another thread, returns once the first has finished (bounded): the SIGTERM
+        watcher that ends the process after its flush must not end it in the middle of the exit handler's.
+        """
         with self._lock:
-            if self._closed:
-                return
-            self._closed = True
+            closed, self._closed = self._closed, True
+            if not closed:
+                self._closer = threading.get_ident()
+        if closed:
+            if self._closer != threading.get_ident():
+                self._close_done.wait(2 * self.cfg.flush_timeout + 5.0)
+            return
+        try:
+            self._close(restore)
+        finally:
+            self._close_done.set()
+            signals.deliver_pending()
+
+    def _close(self, restore: bool) -> None:
         if restore:
             later.cancel()
             self.patcher.restore()

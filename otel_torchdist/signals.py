@@ -13,7 +13,11 @@ the signal's wakeup file descriptor (written by CPython's C-level handler the mo
 whatever the main thread is doing) is watched by a thread of ours: whichever sees SIGTERM first flushes
 (bounded by ``flush_timeout``). The main-thread handler then re-raises SIGTERM with the default action, so
 the exit status is the usual one; if the main thread is stuck, the watcher ends the process itself
-(``os._exit(143)``, the shell's code for death by SIGTERM) once the flush is done.
+(``os._exit(143)``, the shell's code for death by SIGTERM) once the flush is done. A SIGTERM that lands
+while the process is already flushing on its way out (the exit handler after an uncaught exception: under
+torchrun a peer's failure brings both) waits for that flush instead of cutting it short: the watcher's
+flush returns when the running one has finished, and the main thread's handler, finding the flush under
+way on its own thread, lets it finish and then acts on the signal.
 
 Only installed from the main thread, only if SIGTERM's disposition is the default or a Python handler
 (which is chained), and the wakeup descriptor only if nobody (asyncio) holds it already. ``uninstall``
@@ -34,7 +38,12 @@ from . import health
 _state: dict[str, Any] = {}
 
 
-def install(flush: Callable[[], None], on_exception: Callable[[BaseException], None]) -> None:
+_pending: list[tuple[int, Any, Any]] = []  # a SIGTERM held back while this thread finishes closing
+
+
+def install(
+    flush: Callable[[], None], on_exception: Callable[[BaseException], None], closing_here: Callable[[], bool]
+) -> None:
     if _state or threading.current_thread() is not threading.main_thread():
         return
     previous_hook = sys.excepthook
@@ -72,6 +81,11 @@ def install(flush: Callable[[], None], on_exception: Callable[[BaseException], N
         return True
 
     def handler(signum: int, frame: Any) -> None:
+        if closing_here():
+            # The signal interrupted our own flush on this thread (the exit handler's, say): flushing here
+            # would wait on itself. The flush goes on and delivers the signal when done (deliver_pending).
+            _pending.append((signum, frame, previous))
+            return
         flush_once()
         if callable(previous):
             previous(signum, frame)
@@ -114,6 +128,19 @@ def install(flush: Callable[[], None], on_exception: Callable[[BaseException], N
     watcher = threading.Thread(target=watch, name="otel-torchdist-sigterm", daemon=True)
     watcher.start()
     _state.update(watcher=watcher, stop=stop)
+
+
+def deliver_pending() -> None:
+    """After a flush that a SIGTERM interrupted: act on it now, as the handler would have."""
+    if not _pending or threading.current_thread() is not threading.main_thread():
+        return
+    signum, frame, previous = _pending.pop()
+    _pending.clear()
+    if callable(previous):
+        previous(signum, frame)
+        return
+    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.kill(os.getpid(), signal.SIGTERM)
 
 
 def uninstall() -> None:

@@ -224,8 +224,21 @@ def soak(total: int, out: str) -> dict:
     return {"rss_mb": rss, "before": before, "during": during, "after": after, "seconds": seconds, "drops": drops, "errors": errors}
 
 
+def exiting(out: str, endpoint: str) -> None:
+    """One rank whose program ends in an uncaught exception while its spans go to a backend that never
+    answers: the exit handler's flush waits on it (``flush_timeout``), and the test sends SIGTERM then."""
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    _instrument(out, "exiting", traces_exporter="otlp", endpoint=endpoint, flush_timeout=3.0)
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+    open(os.path.join(out, "ready"), "w").close()
+    raise RuntimeError("planted: the program ends with an exception")
+
+
 if __name__ == "__main__":
     if sys.argv[1] == "soak":
         print(json.dumps(soak(int(sys.argv[2]), sys.argv[3])))
+    elif sys.argv[1] == "exiting":
+        exiting(sys.argv[2], sys.argv[3])
     else:
         torchrun_job(sys.argv[1], sys.argv[2])

@@ -125,6 +125,38 @@ def test_sigterm_flushes_and_exits_within_the_flush_timeout(tmp_path):
         assert calls == 2 + rank  # rank 1 made a third call, exported unfinished
 
 
+def test_sigterm_during_the_exit_flush_waits_for_it(tmp_path):
+    """torchrun stops a rank whose peer died just as the rank's own exception ends it: the SIGTERM lands
+    in the exit handler's flush. It must not cut that flush short (it did, and the rank's run folder missed
+    its spans and summary)."""
+    from tests.test_faults_export import BlackHole  # a real socket that accepts and never answers
+
+    out = str(tmp_path)
+    hole = BlackHole()
+    env = {**os.environ, "PYTHONPATH": REPO + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    log = open(os.path.join(out, "torchrun.log"), "w")
+    cmd = [sys.executable, "-m", "tests.scenarios_faults", "exiting", out, hole.endpoint]
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        wait_for(lambda: os.path.exists(os.path.join(out, "ready")), 60, what="the rank's collectives")
+        wait_for(lambda: hole.connections, 10, what="the exit flush sending to the black hole")
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+        took = time.monotonic() - t0
+    finally:
+        proc.kill()
+        hole.stop()
+    text = _log(out)
+    assert "RuntimeError: planted: the program ends with an exception" in text
+    assert proc.returncode in (-signal.SIGTERM, 128 + signal.SIGTERM), text[-3000:]
+    assert took < 2 * 3.0 + 5.0, text[-3000:]  # the flush is bounded by flush_timeout (3 s) per exporter
+    # The summary is written last, after the exporters' flush: the close ran to its end.
+    with open(os.path.join(out, "runs", "exiting", "summary.rank0.json")) as f:
+        summary = json.load(f)
+    assert [(c["op"], c["calls"]) for c in summary["collectives"]] == [("all_reduce", 3)]
+
+
 # --------------------------------------------------------------------------------- collective errors
 @pytest.fixture(scope="module")
 def errors_job(tmp_path_factory):
