@@ -101,18 +101,27 @@ def test_surviving_rank_flushed_up_to_the_failure(elastic):
 
 
 # ------------------------------------------------------------------------------------------- SIGTERM
+def _sigterm(proc: subprocess.Popen, ready, timeout: float) -> float:
+    """Once ``ready()`` has run, send SIGTERM; seconds until the process ended (killed if it did not)."""
+    try:
+        ready()
+        t0 = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout)
+        return time.monotonic() - t0
+    finally:
+        proc.kill()
+
+
 def test_sigterm_flushes_and_exits_within_the_flush_timeout(tmp_path):
     out = str(tmp_path)
     proc = _torchrun(out, "stuck")
-    try:
+
+    def ready() -> None:
         wait_for(lambda: len(glob.glob(os.path.join(out, "started.rank*"))) == 2, 60, what="both ranks started")
         time.sleep(1.0)  # rank 1 is now inside its all_reduce, rank 0 asleep in Python
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(60)
-        took = time.monotonic() - t0
-    finally:
-        proc.kill()
+
+    took = _sigterm(proc, ready, 60)
     assert took < 3.0 + 5.0, _log(out)[-3000:]  # flush_timeout 3 s, plus torchrun's own shutdown
     spans = _spans_by_instance(out)
     (stuck,) = [v for k, v in spans.items() if k.endswith("rank1")]
@@ -137,15 +146,14 @@ def test_sigterm_during_the_exit_flush_waits_for_it(tmp_path):
     log = open(os.path.join(out, "torchrun.log"), "w")
     cmd = [sys.executable, "-m", "tests.scenarios_faults", "exiting", out, hole.endpoint]
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    try:
+
+    def ready() -> None:
         wait_for(lambda: os.path.exists(os.path.join(out, "ready")), 60, what="the rank's collectives")
         wait_for(lambda: hole.connections, 10, what="the exit flush sending to the black hole")
-        t0 = time.monotonic()
-        proc.send_signal(signal.SIGTERM)
-        proc.wait(30)
-        took = time.monotonic() - t0
+
+    try:
+        took = _sigterm(proc, ready, 30)
     finally:
-        proc.kill()
         hole.stop()
     text = _log(out)
     assert "RuntimeError: planted: the program ends with an exception" in text
