@@ -206,15 +206,10 @@ def _hot_child(args: argparse.Namespace) -> None:
     def loop(n: int, step_every: int = 0) -> None:
         _loop(n, n, t, step_every=step_every)  # looks dist.all_reduce up per call: instrument() replaces it
 
-    loop(200)
-    variants = {
-        "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
-        "default": ({}, STEP),
-        "always_off": ({"traces_sampler": "always_off"}, 0),
-    }
-    for variant, (extra, step_every) in variants.items():
+    def count(variant: str, run, extra: dict) -> None:
+        """Sections of ``run(n)`` plain, then instrumented (``extra`` options) and the flush after them."""
         for n in _lengths(args.calls):
-            _section(f"{variant} plain:{n}:steps", lambda: loop(n, step_every))
+            _section(f"{variant} plain:{n}:steps", lambda: run(n))
         otel_torchdist.instrument(
             run_dir=folder,
             run_id=f"bench-{variant}",
@@ -230,12 +225,21 @@ def _hot_child(args: argparse.Namespace) -> None:
             **extra,
         )
         flush = lambda: runtime.current().flush(600)  # noqa: E731
-        loop(11 * STEP, step_every)  # warm: group facts, call-site caches, past the 10 fully traced steps
+        run(11 * STEP)  # warm: group facts, call-site caches, past the 10 fully traced steps
         flush()
         for n in _lengths(args.calls):
-            _section(f"{variant} hot:{n}:steps", lambda: loop(n, step_every))
+            _section(f"{variant} hot:{n}:steps", lambda: run(n))
             _section(f"{variant} hot:{n}:flush", flush)
         otel_torchdist.uninstrument()
+
+    loop(200)
+    variants = {
+        "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
+        "default": ({}, STEP),
+        "always_off": ({"traces_sampler": "always_off"}, 0),
+    }
+    for variant, (extra, step_every) in variants.items():
+        count(variant, lambda n, every=step_every: loop(n, every), extra)
 
     # Functional collectives, what DTensor and tensor parallel issue: all_reduce and its wait, default settings.
     import torch.distributed._functional_collectives as funcol
@@ -251,19 +255,7 @@ def _hot_child(args: argparse.Namespace) -> None:
                 step_begin()
 
     funcol_loop(200)
-    for n in _lengths(args.calls):
-        _section(f"funcol plain:{n}:steps", lambda: funcol_loop(n))
-    otel_torchdist.instrument(
-        run_dir=folder, run_id="bench-funcol", metrics_exporter=("file",), traces_exporter="file",
-        span_queue_size=args.calls + 11 * STEP, max_queued_records=args.calls + 11 * STEP, summary="none",
-        system_metrics=False, straggler_exchange_steps=0, slow_step_factor=0, **QUIET,
-    )  # fmt: skip
-    funcol_loop(11 * STEP)
-    runtime.current().flush(600)
-    for n in _lengths(args.calls):
-        _section(f"funcol hot:{n}:steps", lambda: funcol_loop(n))
-        _section(f"funcol hot:{n}:flush", lambda: runtime.current().flush(600))
-    otel_torchdist.uninstrument()
+    count("funcol", funcol_loop, {})
     dist.destroy_process_group()
 
 
