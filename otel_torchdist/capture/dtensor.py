@@ -65,10 +65,9 @@ def _traced(span_name: str, describe: Any, after: Any = None):
                 return orig(*args, **kwargs)
             try:
                 snap = emit.snapshot()
-                user, fw, step = snap
-                if user is None and (fw is None or fw[3] is None) and step is not None and not step[3]:
-                    # A training step that is not traced: the drain would drop this span, so it is not made
-                    # (a redistribute per layer and pass adds up). Its collectives still say dtensor.
+                if emit.untraced(*snap):
+                    # The drain would drop this span, so it is not made (a redistribute per layer and pass
+                    # adds up). Its collectives still say dtensor.
                     opened = None
                     token = context.push(framework="dtensor")
                 else:

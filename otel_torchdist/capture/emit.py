@@ -25,6 +25,13 @@ def snapshot() -> tuple[Any, tuple | None, tuple | None]:
     return _current_context().get(_SPAN_KEY), R.TLS.ctx, R.STEP[0]
 
 
+def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
+    """Whether a span opened under this context would be dropped at the drain, so need not be made: no
+    span of the caller's and no framework span above it, in a training step that is not traced (the drain
+    decides alike, Pipeline.parent_of)."""
+    return user is None and (fw is None or fw[3] is None) and step is not None and not step[3]
+
+
 def open_span(snap: tuple) -> tuple[int, int, int | None]:
     """(trace id, span id, parent span id) for a span whose children are recorded before it ends."""
     user, fw, step = snap

@@ -21,7 +21,6 @@ from opentelemetry.trace.propagation import _SPAN_KEY
 
 from .. import health
 from .. import names as n
-from ..spans import new_span_id
 from . import context, emit
 from . import record as R
 from .c10d import _current_context
@@ -119,10 +118,10 @@ def _pre(optimizer, args, kwargs) -> None:
         st.depth = 1
         tls = R.TLS
         user, fw, step = _current_context().get(_SPAN_KEY), tls.ctx, R.STEP[0]
-        if user is None and fw is None and step is not None:  # a training loop's step: its span is the parent
-            # An untraced step's optimizer.step span is never built, so it gets no id (the collectives the
-            # step issues fall back to the training step as their parent, untraced as well).
-            trace, span, parent = (step[1], new_span_id(), step[2]) if step[3] else (None, None, None)
+        if emit.untraced(user, fw, step):
+            # Its optimizer.step span is never built, so it gets no id (the collectives the step issues fall
+            # back to the training step as their parent, untraced as well).
+            trace = span = parent = None
         else:
             trace, span, parent = emit.open_span((user, fw, step))
         base = fw or context.EMPTY

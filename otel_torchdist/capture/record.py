@@ -144,10 +144,7 @@ def set_limit(max_records: int) -> None:
 
 
 def defer(fn, *args) -> None:
-    if len(DEFERRED) < _limit[0]:
-        DEFERRED.append((_index.get(fn, fn), *args))
-    else:
-        _dropped[0] += 1
+    queue((_index.get(fn, fn), *args))
 
 
 def key(fn) -> Any:
