@@ -14,7 +14,7 @@ import statistics
 import pytest
 
 from otel_torchdist import names as n
-from otel_torchdist.analysis import builders, loader, report
+from otel_torchdist.analysis import builders, loader, render_text, report
 from otel_torchdist.analysis.compare import compare
 from otel_torchdist.analysis.records import (
     Collective,
@@ -245,6 +245,11 @@ def test_steps_table_median_step_time_and_async_share():
     assert row.async_share == pytest.approx(0.01 / 0.04)
     assert row.collectives == 2 and len(row.cells) == 2
     assert "median of 4 traced steps" in table.step_time_from
+    # the split reads against the step time: same steps (the first's set-up left out), same statistic
+    assert table.step_compute_s == pytest.approx(statistics.median([d * 0.75 for d in (0.10, 0.12, 0.11, 0.30)]))
+    assert table.step_wait_s == pytest.approx(statistics.median([d * 0.25 for d in (0.10, 0.12, 0.11, 0.30)]))
+    line = next(x for x in render_text.summary(builders.analyze_records(records)).splitlines() if x.startswith("  steps:"))
+    assert line.endswith("of a step (medians) 86.2 ms compute, 28.7 ms in collectives")
 
 
 # --------------------------------------------------------------------------------------- hangs

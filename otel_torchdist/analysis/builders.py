@@ -829,9 +829,16 @@ class Analyzer:
             )
         totals = self._totals()
         usable = [r for r in rows if r.step != first]
+        step_compute = step_wait = None
         if len(usable) >= 3:
             step_time = statistics.median(r.duration_s for r in usable)
             step_from = f"median of {len(usable)} traced steps" + (" (the first left out)" if first is not None else "")
+            # The split over the same steps and by the same statistic, so that it reads against the step
+            # time: a mean that took in the first step's set-up could exceed the step itself.
+            comp = [r.mean_compute_s for r in usable if r.mean_compute_s is not None]
+            wait = [r.mean_wait_s for r in usable if r.mean_wait_s is not None]
+            step_compute = statistics.median(comp) if comp else None
+            step_wait = statistics.median(wait) if wait else None
         elif totals:
             step_time = sum(t.total_s / t.steps for t in totals) / len(totals)
             step_from = f"mean over all {max(t.steps for t in totals)} steps (metrics, set-up in the first included)"
@@ -885,6 +892,8 @@ class Analyzer:
             totals=totals,
             step_time_s=step_time,
             step_time_from=step_from,
+            step_compute_s=step_compute,
+            step_wait_s=step_wait,
             samples_per_step=samples,
             tokens_per_step=tokens,
             overlap=overlap,

@@ -205,7 +205,10 @@ def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
     else:
         lines.append("  no traced steps")
     if table.step_time_s is not None:
-        lines.append(f"  step time: {table.step_time_s * 1e3:.2f} ms ({table.step_time_from})")
+        line = f"  step time: {table.step_time_s * 1e3:.2f} ms ({table.step_time_from})"
+        if table.step_compute_s is not None and table.step_wait_s is not None:
+            line += f"; of it (medians) {table.step_compute_s * 1e3:.2f} ms compute, {table.step_wait_s * 1e3:.2f} ms in collectives"
+        lines.append(line)
     for t in table.totals[:MAX_RANK_ROWS]:
         mean = t.total_s / t.steps if t.steps else 0.0
         lines.append(
@@ -289,10 +292,8 @@ def summary(report: Report) -> str:
     st = report.steps
     if st.step_time_s is not None:
         line = f"  steps: {st.step_time_s * 1e3:.1f} ms ({st.step_time_from})"
-        comp = [r.mean_compute_s for r in st.rows if r.mean_compute_s is not None]
-        wait = [r.mean_wait_s for r in st.rows if r.mean_wait_s is not None]
-        if comp and wait:
-            line += f"; per traced step {sum(comp) / len(comp) * 1e3:.1f} ms compute, {sum(wait) / len(wait) * 1e3:.1f} ms in collectives"
+        if st.step_compute_s is not None and st.step_wait_s is not None:
+            line += f"; of a step (medians) {st.step_compute_s * 1e3:.1f} ms compute, {st.step_wait_s * 1e3:.1f} ms in collectives"
         lines.append(line)
     mod = report.modules
     if mod.rows and len(mod.rows) > 1:

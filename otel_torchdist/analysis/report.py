@@ -250,6 +250,10 @@ class StepsTable:
     """Representative step time: median of traced steps (first step left out) when there are 3 or more,
     else the metrics' mean."""
     step_time_from: str | None
+    step_compute_s: float | None = None
+    """Median compute per rank-step over the steps the step time is the median of (None when it is not one)."""
+    step_wait_s: float | None = None
+    """Median collective wait per rank-step over those steps."""
     samples_per_step: float | None
     """All ranks together, from the samples recorded with ``record_step`` (metrics)."""
     tokens_per_step: float | None
