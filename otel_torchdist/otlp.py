@@ -285,17 +285,17 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
                     "startTimeUnixNano": str(start_ns),
                     "timeUnixNano": str(now_ns),
                     "count": str(pt.count),
-                    "sum": pt.sum,
+                    "sum": wire.json_double(pt.sum),
                     "bucketCounts": [str(c) for c in pt.bucket_counts],
                     "explicitBounds": list(pt.bounds),
                 }
                 if pt.min is not None:
-                    d["min"] = pt.min
-                    d["max"] = pt.max
+                    d["min"] = wire.json_double(pt.min)
+                    d["max"] = wire.json_double(pt.max)
                 if pt.exemplars:
                     d["exemplars"] = [
                         {
-                            "asDouble": value,
+                            "asDouble": wire.json_double(value),
                             "timeUnixNano": str(t),
                             "traceId": f"{trace_id:032x}",
                             "spanId": f"{span_id:016x}",
@@ -313,7 +313,7 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
                 if isinstance(pt.value, int):
                     d["asInt"] = str(pt.value)
                 else:
-                    d["asDouble"] = pt.value
+                    d["asDouble"] = wire.json_double(pt.value)
                 pts.append(d)
             if md.metric.instrument == "counter":
                 m["sum"] = {"dataPoints": pts, "aggregationTemporality": TEMPORALITY_CUMULATIVE, "isMonotonic": True}

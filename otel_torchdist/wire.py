@@ -136,6 +136,21 @@ def block_pb(field: int, block: tuple) -> bytes:
 
 
 # ------------------------------------------------------------------------------------------- JSON parts
+_INF = float("inf")
+
+
+def json_double(v: float) -> float | str:
+    """A double as proto3's JSON mapping writes it: NaN and the infinities, which JSON has no literal for,
+    as the strings "NaN", "Infinity" and "-Infinity" (``json.dumps`` would write bare NaN, invalid JSON)."""
+    if v != v:
+        return "NaN"
+    if v == _INF:
+        return "Infinity"
+    if v == -_INF:
+        return "-Infinity"
+    return v
+
+
 def any_value_json(v: Any) -> str:
     if v is True:
         return '{"boolValue":true}'
@@ -144,8 +159,8 @@ def any_value_json(v: Any) -> str:
     if isinstance(v, int):
         return '{"intValue":"%d"}' % v
     if isinstance(v, float):
-        if v != v or v in (float("inf"), float("-inf")):
-            return '{"doubleValue":"%s"}' % ("NaN" if v != v else ("Infinity" if v > 0 else "-Infinity"))
+        if v != v or v == _INF or v == -_INF:
+            return '{"doubleValue":"%s"}' % json_double(v)
         return '{"doubleValue":%r}' % v
     if isinstance(v, (list, tuple)):
         return '{"arrayValue":{"values":[%s]}}' % ",".join(any_value_json(x) for x in v)

@@ -122,3 +122,38 @@ def test_metric_json_and_protobuf_agree():
 
 def _hex_ids_to_base64_exemplars(doc):
     return _hex_ids_to_base64(doc)
+
+
+def _strict(text: str):
+    """json.loads that refuses NaN and Infinity literals, as every JSON parser outside Python does."""
+
+    def refuse(literal):
+        raise ValueError(f"not JSON: {literal}")
+
+    return json.loads(text, parse_constant=refuse)
+
+
+def test_metric_json_writes_nan_and_infinities_as_the_mapping_says():
+    # a diverging run's loss gauge: a bare NaN made the whole export line (or request) invalid JSON
+    nan, inf = float("nan"), float("inf")
+    metrics = [
+        otlp.MetricData(n.Metric("loss", "gauge", "1", "", ()), [otlp.NumberPoint({"k": "nan"}, nan), otlp.NumberPoint({"k": "inf"}, -inf)]),
+        otlp.MetricData(
+            n.COLLECTIVE_DURATION,
+            [otlp.HistogramPoint({"op": "all_reduce"}, 2, inf, [1, 1, 0], (0.1, 1.0), 0.05, inf, [(nan, 99, 0xAB, 0xCD)])],
+        ),
+    ]
+    doc = _strict(otlp.metrics_to_json(RESOURCE, metrics, 1, 2))
+    gauge, hist = doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]
+    assert [p["asDouble"] for p in gauge["gauge"]["dataPoints"]] == ["NaN", "-Infinity"]
+    point = hist["histogram"]["dataPoints"][0]
+    assert (point["sum"], point["max"], point["exemplars"][0]["asDouble"]) == ("Infinity", "Infinity", "NaN")
+    parsed = json_format.ParseDict(_hex_ids_to_base64(doc), metrics_service_pb2.ExportMetricsServiceRequest())
+    ours = otlp.metrics_to_proto(RESOURCE, metrics, 1, 2)
+    assert str(parsed) == str(ours)  # NaN != NaN, so compare the text forms
+
+
+def test_span_json_writes_nan_attributes_as_strings():
+    span = otlp.SpanData("s", 1, 2, None, 1, 2, [("loss", float("nan")), ("big", float("inf"))])
+    attrs = _strict(otlp.spans_to_json(RESOURCE, [span]))["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
+    assert [a["value"]["doubleValue"] for a in attrs] == ["NaN", "Infinity"]

@@ -379,8 +379,8 @@ def _otlp_metrics(doc: dict[str, Any], ranks: _Ranks) -> list[Record]:
                                     sum=float(dp.get("sum", 0.0)),
                                     bounds=tuple(float(b) for b in dp.get("explicitBounds") or ()),
                                     bucket_counts=tuple(int(c) for c in dp.get("bucketCounts") or ()),
-                                    min=dp.get("min"),
-                                    max=dp.get("max"),
+                                    min=float(dp["min"]) if "min" in dp else None,
+                                    max=float(dp["max"]) if "max" in dp else None,
                                 ),
                             )
                         )
