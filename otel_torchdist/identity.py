@@ -5,6 +5,12 @@ The run id comes from, in order: the ``run_id`` option / ``OTEL_TORCHDIST_RUN_ID
 one and the others read it from the process group's key-value store. The store is used rather than a
 collective on purpose: it does not advance any group's sequence number or show up among the user's
 collectives.
+
+Under torchelastic the run id stays the same across restarts, and so does the store (the agent's, which
+outlives its workers), while step numbering starts again. The ranks of one attempt therefore also agree an
+*attempt* value, mixed into the step trace and span ids and the straggler exchange's store keys, so that
+a restarted job makes no id or key a previous attempt made. ``TORCHELASTIC_RESTART_COUNT`` cannot serve:
+it is counted per node agent, and the agents whose workers did not fail restart them without counting.
 """
 
 from __future__ import annotations
@@ -27,7 +33,9 @@ from ._version import __version__
 _log = logging.getLogger(__name__)
 
 STORE_KEY = "otel_torchdist/run_id"
+ATTEMPT_KEY = "otel_torchdist/attempt"
 STORE_TIMEOUT = datetime.timedelta(seconds=60)
+_IMPORTED_AT = time.time()
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -44,6 +52,13 @@ class Identity:
     instance_id: str
     distributed: bool
     """False when no process group was ever initialized (a single process)."""
+    attempt: str = ""
+    """Under torchelastic, a value the ranks of this attempt share and no other attempt has; else empty."""
+
+    @property
+    def trace_key(self) -> str:
+        """What step ids and store keys derive from: the run id, and the attempt when there is one."""
+        return f"{self.run_id}/{self.attempt}" if self.attempt else self.run_id
 
 
 def new_run_id() -> str:
@@ -103,6 +118,55 @@ def _agree_run_id(rank: int) -> str:
         return run_id
 
 
+def process_start_time() -> float:
+    """When this process started, in seconds since the epoch (Linux /proc, to the clock tick); elsewhere when
+    otel_torchdist was imported."""
+    try:
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])  # field 22, starttime, in ticks since boot
+        age = time.clock_gettime(time.CLOCK_BOOTTIME) - ticks / os.sysconf("SC_CLK_TCK")
+        return time.time() - age
+    except (OSError, ValueError, IndexError, AttributeError):
+        return _IMPORTED_AT
+
+
+# A value older than the reader's own start (less this much clock difference between hosts) was written by a
+# previous attempt. Rank 0 writes after its init_process_group, which waits for every rank to have started.
+ATTEMPT_CLOCK_SLACK_S = 0.25
+ATTEMPT_POLL_S = 0.05
+
+
+def _agree_attempt(rank: int, restart: int) -> str:
+    """Rank 0 writes a fresh value with its write time; the others take the first one written after they
+    started (bounded wait). On failure, the restart count: shared by the ranks of a node, at least."""
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        store = c10d._get_default_store()
+        if rank == 0:
+            value = secrets.token_hex(4)
+            store.set(ATTEMPT_KEY, f"{time.time():.6f} {value}")
+            return value
+        started = process_start_time() - ATTEMPT_CLOCK_SLACK_S
+        deadline = time.monotonic() + STORE_TIMEOUT.total_seconds()
+        while True:
+            store.wait([ATTEMPT_KEY], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
+            written, value = store.get(ATTEMPT_KEY).decode().split(" ", 1)
+            if float(written) >= started:
+                return value
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"only a previous attempt's value (written at {written})")
+            time.sleep(ATTEMPT_POLL_S)
+    except Exception as exc:
+        _log.warning(
+            "otel-torchdist: rank %d could not agree this elastic attempt with rank 0 through the store (%s); "
+            "its step traces may not join the other nodes' ones.",
+            rank,
+            exc,
+        )
+        return f"restart{restart}"
+
+
 def resolve(configured_run_id: str | None) -> Identity:
     """This process's identity, now. Call after ``init_process_group`` when there is one."""
     restart = _env_int("TORCHELASTIC_RESTART_COUNT") or 0
@@ -113,12 +177,15 @@ def resolve(configured_run_id: str | None) -> Identity:
         backend = str(dist.get_backend())
         run_id = run_id_from_env(configured_run_id) or _agree_run_id(rank)
         distributed = True
+        elastic = os.environ.get("TORCHELASTIC_RUN_ID") is not None and world > 1 and backend != "fake"
+        attempt = _agree_attempt(rank, restart) if elastic else ""
     else:
         rank = _env_int("RANK") or 0
         world = _env_int("WORLD_SIZE") or 1
         backend = "none"
         run_id = run_id_from_env(configured_run_id) or new_run_id()
         distributed = False
+        attempt = ""
     local_rank = _env_int("LOCAL_RANK")
     if local_rank is None:
         local_rank = rank  # one host (mp.spawn); torchrun always sets LOCAL_RANK
@@ -139,6 +206,7 @@ def resolve(configured_run_id: str | None) -> Identity:
         restart_count=restart,
         instance_id=instance_id,
         distributed=distributed,
+        attempt=attempt,
     )
 
 

@@ -40,6 +40,7 @@ class SpanData:
     error: str | None = None  # status description when the span failed
     events: list[tuple[str, int, list[tuple[str, Any]]]] = field(default_factory=list)
     sampled: bool = True
+    remote_parent: bool = False  # the parent span is made by another process (a rank's step under rank 0's)
 
     def all_attributes(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -129,9 +130,14 @@ def span_pb(s: SpanData) -> bytes:
         parts.append(wire.length_delimited(11, body))
     if s.error is not None:
         parts.append(wire.length_delimited(15, wire.length_delimited(2, s.error.encode()) + b"\x18\x02"))
-    parts.append(b"\x85\x01" + wire.fixed32(0x101 if s.sampled else 0x100))  # flags (field 16, fixed32)
+    parts.append(b"\x85\x01" + wire.fixed32(_flags(s)))  # flags (field 16, fixed32)
     body = b"".join(parts)
     return b"\x12" + wire.varint(len(body)) + body  # ScopeSpans.spans = 2
+
+
+def _flags(s: SpanData) -> int:
+    """Span.flags: W3C sampled (bit 0); bit 8 says bit 9 is known; bit 9, the parent is remote."""
+    return (0x301 if s.remote_parent else 0x101) if s.sampled else (0x300 if s.remote_parent else 0x100)
 
 
 def trace_request_pb(resource: dict[str, Any], fragments: list[bytes]) -> bytes:
@@ -237,7 +243,7 @@ def span_json(s: SpanData) -> str:
         s.trace_id,
         s.span_id,
         '"parentSpanId":"%016x",' % s.parent_span_id if s.parent_span_id else "",
-        0x101 if s.sampled else 0x100,
+        _flags(s),
         name,
         s.start_ns,
         s.end_ns,

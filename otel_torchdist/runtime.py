@@ -250,10 +250,10 @@ class Runtime:
         cfg = self.cfg
         every = cfg.straggler_exchange_steps
         if every and ident.distributed and 1 < ident.world_size <= stragglers.MAX_WORLD:
-            self.exchange = stragglers.Exchange(self.pipeline, ident.run_id, ident.rank, ident.world_size, every)
+            self.exchange = stragglers.Exchange(self.pipeline, ident.trace_key, ident.rank, ident.world_size, every)
             self.steps.exchange = self.exchange
             self.exchange.start()
-        self.steps.attach(self.pipeline, ident.run_id, ident.rank, ident.world_size)
+        self.steps.attach(self.pipeline, ident.trace_key, ident.rank, ident.world_size)
         self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
         self.pipeline.metric_sources.append(self.watchdog.metric_data)
         self.watchdog.start()

@@ -39,16 +39,16 @@ from .patching import Patch
 _log = logging.getLogger("otel_torchdist")
 
 
-def step_ids(run_id: str, index: int, rank: int) -> tuple[int, int, int]:
+def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     """(trace id, root span id, this rank's step span id) of step ``index``: the same on every rank.
 
-    SHA-256 of ``"{run_id}:step:{index}"`` and of ``"{run_id}:step:{index}:rank:{rank}"``, each continued
+    SHA-256 of ``"{key}:step:{index}"`` and of ``"{key}:step:{index}:rank:{rank}"``, each continued
     from the hash of the prefix they share (half the cost of hashing each from the start)."""
-    prefix = _prefixes.get(run_id)
+    prefix = _prefixes.get(key)
     if prefix is None:
         if len(_prefixes) > 8:
             _prefixes.clear()
-        prefix = _prefixes[run_id] = hashlib.sha256(f"{run_id}:step:".encode())
+        prefix = _prefixes[key] = hashlib.sha256(f"{key}:step:".encode())
     step = prefix.copy()
     step.update(b"%d" % index)
     rank_span = step.copy()
@@ -181,7 +181,7 @@ class _Recent:
 class StepTracker:
     def __init__(self, cfg: Any) -> None:
         self.cfg = cfg
-        self.run_id: str | None = None
+        self.trace_key: str | None = None
         self.rank = 0
         self.world = 1
         self.explicit = False
@@ -204,11 +204,12 @@ class StepTracker:
         self._last_slow_warning = -10**9
 
     # -------------------------------------------------------------------------------- lifecycle
-    def attach(self, pipeline: Any, run_id: str, rank: int, world: int) -> None:
+    def attach(self, pipeline: Any, trace_key: str, rank: int, world: int) -> None:
+        """``trace_key``: the run id, with the elastic attempt when there is one (Identity.trace_key)."""
         with self._lock:
             self.pipeline = pipeline
             pipeline.step_tracker = self
-            self.run_id, self.rank, self.world = run_id, rank, world
+            self.trace_key, self.rank, self.world = trace_key, rank, world
             self._ids = {}
             if not self.explicit and not self.open:
                 self.begin(source="optimizer")
@@ -234,11 +235,13 @@ class StepTracker:
 
     def begin(self, index: int | None = None, source: str = "explicit", t_start: int | None = None) -> int:
         with self._lock:
-            if self.open and not (
+            if self.open and source == "explicit" and self.source == "optimizer" and index is not None and int(index) == self.index:
                 # An explicit step numbered like the open optimizer-closed one would share its trace and span
-                # ids: what that one holds so far (set-up before the loop) becomes part of the explicit step.
-                source == "explicit" and self.source == "optimizer" and index is not None and int(index) == self.index
-            ):
+                # ids: what that one holds so far (set-up before the loop) becomes part of the explicit step,
+                # which keeps its start, so that the set-up's spans lie inside their parent.
+                self.source = source
+                return self.index
+            if self.open:
                 # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
                 self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
             index = self.index + 1 if index is None else int(index)
@@ -253,7 +256,7 @@ class StepTracker:
         if self.backward:
             self.backward = []
         self.open = True
-        if self.run_id is None:
+        if self.trace_key is None:
             R.STEP[0] = None  # identity not known yet: no shared trace possible
             return index
         ctx = self._ids.pop(index, None)
@@ -262,7 +265,7 @@ class StepTracker:
 
     def _context(self, index: int) -> tuple:
         """Step ``index``'s context (R.STEP): (index, trace id, this rank's span id, sampled, root span id)."""
-        trace, root, rank_span = step_ids(self.run_id, index, self.rank)
+        trace, root, rank_span = step_ids(self.trace_key, index, self.rank)
         return (index, trace, rank_span, self.sampled(index, trace), root)
 
     def end(
@@ -320,7 +323,7 @@ class StepTracker:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
         index = self.index
-        if self.run_id is None or index + IDS_AHEAD // 2 in table:
+        if self.trace_key is None or index + IDS_AHEAD // 2 in table:
             return
         # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
         # which would break an iteration over the dict itself.
@@ -440,7 +443,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         if key in user:
             attrs.append((attr, user[key]))
     trace, root, rank_span = info["trace"], info["root"], info["rank_span"]
-    span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs)
+    span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs, remote_parent=tracker.rank != 0)
     if info["error"]:
         etype, message = info["error"]
         span.error = f"{etype}: {message}"

@@ -62,9 +62,9 @@ def _summary(durations: list[float], computes: list[float], waits: list[float]) 
 
 
 class Exchange:
-    def __init__(self, pipeline: Any, run_id: str, rank: int, world: int, every: int) -> None:
+    def __init__(self, pipeline: Any, trace_key: str, rank: int, world: int, every: int) -> None:
         self.pipeline = pipeline
-        self.run_id = run_id
+        self.trace_key = trace_key  # the run id, and the elastic attempt: a restart reuses neither keys nor windows
         self.rank = rank
         self.world = world
         self.every = every
@@ -109,7 +109,7 @@ class Exchange:
 
     # ----------------------------------------------------------------------------------- thread
     def _key(self, window: int, what: str) -> str:
-        return f"otel_torchdist/{self.run_id}/stragglers/{window}/{what}"
+        return f"otel_torchdist/{self.trace_key}/stragglers/{window}/{what}"
 
     def _connect(self) -> Any:
         import torch.distributed as dist

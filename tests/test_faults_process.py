@@ -13,6 +13,7 @@ import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 
 import pytest
 
@@ -72,6 +73,29 @@ def test_restart_gets_fresh_instance_ids_and_the_same_run_id(elastic):
     assert set(spans) == {f"{run_id}-rank0", f"{run_id}-rank1", f"{run_id}-rank0-attempt1", f"{run_id}-rank1-attempt1"}
     for instance, group in spans.items():
         assert {s["resource"][n.RESTART_COUNT] for s in group} == {1 if "attempt1" in instance else 0}
+
+
+def test_a_restart_makes_new_step_ids_that_its_ranks_share(elastic):
+    """torchelastic keeps the run id and the store across attempts while steps count from 1 again: the
+    attempts' step traces and spans must not share ids, and the ranks of one attempt must share theirs."""
+    spans = elastic["spans"]
+    run_id = next(iter(spans)).split("-rank")[0]
+    ids = Counter((s["traceId"], s["spanId"]) for group in spans.values() for s in group)
+    assert max(ids.values()) == 1, [k for k, v in ids.items() if v > 1][:3]
+    traces = {}
+    for suffix in ("", "-attempt1"):
+        rank_steps = [
+            {s["attributes"][n.STEP]: s for s in spans[f"{run_id}-rank{rank}{suffix}"] if s["name"] == n.SPAN_RANK_STEP}
+            for rank in (0, 1)
+        ]
+        roots = {s["attributes"][n.STEP]: s for s in spans[f"{run_id}-rank0{suffix}"] if s["name"] == n.SPAN_STEP}
+        for step in (1, 2):
+            r0, r1 = rank_steps[0][step], rank_steps[1][step]
+            assert r0["traceId"] == r1["traceId"] == roots[step]["traceId"]
+            assert r0["parentSpanId"] == r1["parentSpanId"] == roots[step]["spanId"]
+            assert (r0["flags"], r1["flags"]) == (0x101, 0x301)  # rank 1's parent is in rank 0's process
+        traces[suffix] = {rank_steps[0][step]["traceId"] for step in (1, 2)}
+    assert not traces[""] & traces["-attempt1"]
 
 
 def test_failed_rank_exports_the_step_it_failed_in(elastic):

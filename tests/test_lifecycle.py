@@ -79,3 +79,37 @@ def test_run_id_sources(monkeypatch):
     assert run_id_from_env(None) == "job-7"  # wins over SLURM, sanitized for a folder name
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")  # torchrun's "not set"
     assert run_id_from_env(None) == "slurm-4242.3"
+
+
+def test_an_elastic_attempt_ignores_the_value_a_previous_attempt_left(monkeypatch):
+    """torchelastic's store outlives the workers: a rank takes only an attempt value written after it started."""
+    import datetime
+    import threading
+
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from otel_torchdist import identity
+
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, True), rank=0, world_size=1)
+    try:
+        store = c10d._get_default_store()
+        store.set(identity.ATTEMPT_KEY, f"{identity.process_start_time() - 5:.6f} stale")
+        monkeypatch.setattr(identity, "STORE_TIMEOUT", datetime.timedelta(seconds=1))
+        assert identity._agree_attempt(1, 2) == "restart2"  # only the stale value, until the deadline
+        monkeypatch.setattr(identity, "STORE_TIMEOUT", datetime.timedelta(seconds=20))
+        writer = threading.Timer(0.3, lambda: store.set(identity.ATTEMPT_KEY, f"{time.time():.6f} fresh"))
+        writer.start()
+        assert identity._agree_attempt(1, 2) == "fresh"
+        writer.join()
+        mine = identity._agree_attempt(0, 2)  # rank 0 writes a new value, which the others then take
+        assert mine not in ("fresh", "stale", "restart2") and identity._agree_attempt(1, 2) == mine
+    finally:
+        dist.destroy_process_group()
+
+
+def test_process_start_time_is_before_now_and_after_boot():
+    from otel_torchdist import identity
+
+    started = identity.process_start_time()
+    assert started <= time.time() and time.time() - started < 24 * 3600

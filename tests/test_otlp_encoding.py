@@ -41,6 +41,7 @@ SPANS = [
         events=[("exception", 44, [("exception.type", "RuntimeError"), ("exception.message", "boom")])],
     ),
     otlp.SpanData("barrier", 3, 4, None, 50, 60, [], shared=(SHARED,), sampled=False),
+    otlp.SpanData("train.rank_step", 3, 6, 5, 50, 60, [], remote_parent=True),
 ]  # fmt: skip
 
 
@@ -77,7 +78,7 @@ def _reference(resource, spans):
     for s in spans:
         p = ss.spans.add(
             trace_id=s.trace_id.to_bytes(16, "big"), span_id=s.span_id.to_bytes(8, "big"), name=s.name, kind=1,
-            start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns, flags=0x101 if s.sampled else 0x100,
+            start_time_unix_nano=s.start_ns, end_time_unix_nano=s.end_ns, flags=(0x101 if s.sampled else 0x100) | (0x200 if s.remote_parent else 0),
         )  # fmt: skip
         if s.parent_span_id:
             p.parent_span_id = s.parent_span_id.to_bytes(8, "big")

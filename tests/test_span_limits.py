@@ -86,6 +86,13 @@ def test_an_explicit_step_numbered_like_the_set_up_before_it_is_one_step(fake_pg
     assert sorted(rank_steps) == [1, 2]
     assert rank_steps[1]["attributes"][n.STEP_COLLECTIVES] == 2
     assert len(collective_spans(spans)) == 3
+    # and every child lies inside its parent's time (the step kept the set-up's start)
+    by_id = {s["spanId"]: s for s in spans}
+    for s in spans:
+        parent = by_id.get(s.get("parentSpanId"))
+        if parent is not None:
+            assert int(parent["startTimeUnixNano"]) <= int(s["startTimeUnixNano"]), (s["name"], parent["name"])
+            assert int(s["endTimeUnixNano"]) <= int(parent["endTimeUnixNano"]), (s["name"], parent["name"])
 
 
 # -------------------------------------------------------------------------------------------- trace_ranks
