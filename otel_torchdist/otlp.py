@@ -72,6 +72,7 @@ class NumberPoint:
 class MetricData:
     metric: n.Metric
     points: list[Any]  # HistogramPoint for histograms, NumberPoint otherwise
+    start_ns: int | None = None  # a cumulative counter's own start (CPU time counts from the process's start)
 
 
 # ------------------------------------------------------------------------------------------ protobuf
@@ -173,7 +174,7 @@ def metrics_to_proto(
             for pt in md.points:
                 dp = m.histogram.data_points.add()
                 _add_attributes(dp.attributes, pt.attributes)
-                dp.start_time_unix_nano = start_ns
+                dp.start_time_unix_nano = md.start_ns or start_ns
                 dp.time_unix_nano = now_ns
                 dp.count = pt.count
                 dp.sum = pt.sum
@@ -199,7 +200,7 @@ def metrics_to_proto(
                 dp = data.data_points.add()
                 _add_attributes(dp.attributes, pt.attributes)
                 if md.metric.instrument == "counter":
-                    dp.start_time_unix_nano = start_ns
+                    dp.start_time_unix_nano = md.start_ns or start_ns
                 dp.time_unix_nano = now_ns
                 if isinstance(pt.value, int):
                     dp.as_int = pt.value
@@ -288,7 +289,7 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
             for pt in md.points:
                 d: dict[str, Any] = {
                     "attributes": _json_attributes(pt.attributes),
-                    "startTimeUnixNano": str(start_ns),
+                    "startTimeUnixNano": str(md.start_ns or start_ns),
                     "timeUnixNano": str(now_ns),
                     "count": str(pt.count),
                     "sum": wire.json_double(pt.sum),
@@ -315,7 +316,7 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
             for pt in md.points:
                 d = {"attributes": _json_attributes(pt.attributes), "timeUnixNano": str(now_ns)}
                 if md.metric.instrument == "counter":
-                    d["startTimeUnixNano"] = str(start_ns)
+                    d["startTimeUnixNano"] = str(md.start_ns or start_ns)
                 if isinstance(pt.value, int):
                     d["asInt"] = str(pt.value)
                 else:

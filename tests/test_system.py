@@ -199,6 +199,29 @@ def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_p
         assert len(said) == 1 and "GPU metrics off" in said[0].getMessage() and said[0].levelno == logging.INFO
 
 
+def test_cpu_time_counter_starts_when_the_process_started():
+    """CPU time is counted from the process's start: a cumulative point starting at instrument() would put
+    the CPU spent importing torch inside too short a window (more cores than the machine has)."""
+    import json
+
+    from otel_torchdist import otlp
+    from otel_torchdist.system.process import ProcessSampler
+
+    data = ProcessSampler("h").sample({n.M_RANK: "0"})
+    later = time.time_ns()
+    doc = json.loads(otlp.metrics_to_json({}, data, later, later))
+    metrics = {m["name"]: m for m in doc["resourceMetrics"][0]["scopeMetrics"][0]["metrics"]}
+    (point,) = metrics[n.PROCESS_CPU_TIME.name]["sum"]["dataPoints"]
+    with open("/proc/self/stat") as f:
+        ticks = int(f.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as f:
+        boot = next(int(line.split()[1]) for line in f if line.startswith("btime"))
+    started_s = boot + ticks / os.sysconf("SC_CLK_TCK")  # /proc's own reading, to the second of boot time
+    assert abs(int(point["startTimeUnixNano"]) / 1e9 - started_s) < 1.5
+    window = (later - int(point["startTimeUnixNano"])) / 1e9
+    assert float(point["asDouble"]) <= window * os.cpu_count() + 0.1
+
+
 def test_metrics_follow_the_schema_and_scrape_with_prometheus_names(fake_pg, instrumented):
     from torch.utils.data import DataLoader, TensorDataset
 

@@ -12,6 +12,7 @@ from typing import Any
 import psutil
 
 from .. import names as n
+from ..identity import process_start_time
 from ..otlp import MetricData, NumberPoint
 from .series import Deltas, labels
 
@@ -24,6 +25,8 @@ class ProcessSampler:
     def __init__(self, host: str) -> None:
         self.host = host
         self._proc = psutil.Process()
+        # CPU time counts from the process's start, not from instrument(): its counter says so.
+        self._start_ns = int(process_start_time() * 1e9)
         self._net = Deltas()
         self._last_cpu: tuple[float, float] | None = None  # (cpu seconds, monotonic seconds)
         self._has_fds = hasattr(self._proc, "num_fds")  # POSIX only
@@ -38,7 +41,7 @@ class ProcessSampler:
         cpu = float(times.user + times.system)
         rank = labels(n.PROCESS_CPU_TIME, base)
         out = [
-            MetricData(n.PROCESS_CPU_TIME, [NumberPoint(rank, cpu)]),
+            MetricData(n.PROCESS_CPU_TIME, [NumberPoint(rank, cpu)], start_ns=self._start_ns),
             MetricData(n.PROCESS_RSS, [NumberPoint(rank, int(rss))]),
         ]
         if self._last_cpu is not None and now > self._last_cpu[1]:
