@@ -142,7 +142,7 @@ class Runtime:
             health.error("capture", "the optimizer capture could not be installed", exc)
         steps.TRACKER[0] = self.steps
         optim.closer[0] = self.steps.on_optimizer_step
-        signals.install(lambda: self.close(restore=False), self.on_uncaught, self.closing_here)
+        signals.install(lambda: self.close(restore=False), self.flush, self.on_uncaught, self.closing_here)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
         self.pipeline.start()
@@ -474,6 +474,15 @@ def install(rt: Runtime) -> None:
         _exit_hooked[0] = True
         atexit.register(_at_exit)
         multiprocessing.util.Finalize(None, _at_exit, exitpriority=100)
+        os.register_at_fork(after_in_child=_forked_child)
+
+
+def _forked_child() -> None:
+    """A fork of an instrumented process (a DataLoader worker, a multiprocessing child) is not a rank: it
+    inherits the runtime but none of its threads, and must neither flush nor summarize at its exit (it
+    would race the parent for the run folder's files) nor take SIGTERM for the parent."""
+    _current.clear()
+    signals.forget_in_child()
 
 
 def remove() -> Runtime | None:

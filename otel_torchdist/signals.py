@@ -20,8 +20,10 @@ flush returns when the running one has finished, and the main thread's handler, 
 way on its own thread, lets it finish and then acts on the signal.
 
 Only installed from the main thread, only if SIGTERM's disposition is the default or a Python handler
-(which is chained), and the wakeup descriptor only if nobody (asyncio) holds it already. ``uninstall``
-puts everything back.
+(which is chained: telemetry is flushed, not closed, and that handler decides what happens), and the wakeup
+descriptor only if nobody (asyncio) holds it already. A handler the program sets later is left to decide
+alone: the watcher does nothing while SIGTERM's handler is not ours. A forked child drops all of it
+(``forget_in_child``). ``uninstall`` puts everything back.
 """
 
 from __future__ import annotations
@@ -42,8 +44,13 @@ _pending: list[tuple[int, Any, Any]] = []  # a SIGTERM held back while this thre
 
 
 def install(
-    flush: Callable[[], None], on_exception: Callable[[BaseException], None], closing_here: Callable[[], bool]
+    close: Callable[[], None],
+    flush: Callable[[], None],
+    on_exception: Callable[[BaseException], None],
+    closing_here: Callable[[], bool],
 ) -> None:
+    """``close``: the final flush before the process dies; ``flush``: export what is there and go on (when
+    a handler of the program's decides what SIGTERM does, the program may well go on training)."""
     if _state or threading.current_thread() is not threading.main_thread():
         return
     previous_hook = sys.excepthook
@@ -73,12 +80,18 @@ def install(
             done.wait(timeout=30)
             return False
         try:
-            flush()
+            close()
         except Exception as exc:
             health.error("signal", "could not flush telemetry on SIGTERM", exc)
         finally:
             done.set()
         return True
+
+    def flush_only() -> None:
+        try:
+            flush()
+        except Exception as exc:
+            health.error("signal", "could not flush telemetry on SIGTERM", exc)
 
     def handler(signum: int, frame: Any) -> None:
         if closing_here():
@@ -86,10 +99,11 @@ def install(
             # would wait on itself. The flush goes on and delivers the signal when done (deliver_pending).
             _pending.append((signum, frame, previous))
             return
-        flush_once()
         if callable(previous):
+            flush_only()
             previous(signum, frame)
             return
+        flush_once()
         signal.signal(signal.SIGTERM, signal.SIG_DFL)
         os.kill(os.getpid(), signal.SIGTERM)
 
@@ -119,11 +133,20 @@ def install(
                 return
             if not data or stop.is_set():
                 return
-            if signal.SIGTERM in data:
-                if flush_once() and not callable(previous):
-                    # The main thread may be stuck in C++; if its handler has not taken over, end it here.
-                    threading.Event().wait(0.5)
-                    os._exit(128 + signal.SIGTERM)
+            if signal.SIGTERM not in data:
+                continue
+            try:
+                ours = signal.getsignal(signal.SIGTERM) is handler
+            except Exception:
+                ours = False
+            if not ours:
+                continue  # the program set its own handler since: what SIGTERM does is its business
+            if callable(previous):
+                flush_only()  # the program's chained handler decides, when the main thread gets to it
+            elif flush_once():
+                # The main thread may be stuck in C++; if its handler has not taken over, end it here.
+                threading.Event().wait(0.5)
+                os._exit(128 + signal.SIGTERM)
 
     watcher = threading.Thread(target=watch, name="otel-torchdist-sigterm", daemon=True)
     watcher.start()
@@ -152,7 +175,9 @@ def uninstall() -> None:
         if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
             signal.signal(signal.SIGTERM, _state["previous"])
         if "write_fd" in _state:
-            signal.set_wakeup_fd(-1)
+            held = signal.set_wakeup_fd(-1)
+            if held != _state["write_fd"]:
+                signal.set_wakeup_fd(held)  # someone set theirs since (asyncio): it stays
             _state["stop"].set()
             os.write(_state["write_fd"], b"\0")  # wakes the watcher's read; it sees the stop flag
             _state["watcher"].join(timeout=1.0)
@@ -161,3 +186,26 @@ def uninstall() -> None:
     except Exception as exc:
         health.error("signal", "could not restore the SIGTERM handler", exc)
     _state.clear()
+
+
+def forget_in_child() -> None:
+    """In a forked child (a DataLoader worker): the wakeup pipe is the parent's, so a SIGTERM sent to the
+    child (``Process.terminate()``) would reach the parent's watcher and end the parent; and the handlers
+    would flush a runtime the child does not run. The child gets the program's own handlers back."""
+    if not _state:
+        return
+    try:
+        if "write_fd" in _state:
+            held = signal.set_wakeup_fd(-1)
+            if held != _state["write_fd"]:
+                signal.set_wakeup_fd(held)
+            os.close(_state["write_fd"])
+            os.close(_state["read_fd"])
+        if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
+            signal.signal(signal.SIGTERM, _state["previous"])
+        if sys.excepthook is _state.get("excepthook"):
+            sys.excepthook = _state["previous_hook"]
+    except Exception:
+        pass  # nothing to tell: the child's own handlers may already be in place
+    _state.clear()
+    _pending.clear()

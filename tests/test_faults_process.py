@@ -12,6 +12,7 @@ import os
 import signal
 import subprocess
 import sys
+import textwrap
 import time
 from collections import Counter
 
@@ -156,6 +157,92 @@ def test_sigterm_flushes_and_exits_within_the_flush_timeout(tmp_path):
         (path,) = glob.glob(os.path.join(out, "runs", "*", f"metrics.rank{rank}.jsonl"))
         calls = metric_value(last_metrics(path), n.COLLECTIVE_CALLS, op="all_reduce")
         assert calls == 2 + rank  # rank 1 made a third call, exported unfinished
+
+
+_PREAMBLE = """
+import os, signal, sys, threading, time
+import torch, torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+import otel_torchdist
+otel_torchdist.instrument(run_dir=sys.argv[1], run_id="sig", metrics_exporter=("file",))
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+"""
+
+
+def _script(tmp_path, body: str) -> subprocess.CompletedProcess:
+    return subprocess.run(
+        [sys.executable, "-c", _PREAMBLE + textwrap.dedent(body), str(tmp_path)],
+        cwd=REPO, capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+
+
+def test_a_sigterm_handler_the_program_sets_later_decides_alone(tmp_path):
+    """Preemption code (Lightning, Slurm scripts) installs its SIGTERM handler once training starts: it
+    checkpoints and exits 0. The watcher ended the process 0.5 s after the signal instead."""
+    proc = _script(
+        tmp_path,
+        """
+        stop = threading.Event()
+        signal.signal(signal.SIGTERM, lambda signum, frame: stop.set())
+        os.kill(os.getpid(), signal.SIGTERM)
+        while not stop.is_set():
+            dist.all_reduce(torch.ones(4))
+        time.sleep(1.5)  # the checkpoint
+        for _ in range(3):
+            dist.all_reduce(torch.ones(4))
+        print("checkpoint saved", flush=True)
+        """,
+    )
+    assert proc.returncode == 0 and "checkpoint saved" in proc.stdout, proc.stderr[-2000:]
+    # telemetry went on after the signal: the last collectives are in the run folder
+    spans = collective_spans(read_spans(os.path.join(str(tmp_path), "sig", "traces.rank0.jsonl")))
+    assert len(spans) == 3
+
+
+def test_a_forked_child_is_not_the_rank(tmp_path):
+    """A fork (DataLoader worker, multiprocessing child) inherits the watcher's pipe: terminating the child
+    ended the parent (143), and a child exiting normally flushed and printed a summary of its own."""
+    proc = _script(
+        tmp_path,
+        """
+        import multiprocessing as mp
+        ctx = mp.get_context("fork")
+        stuck = ctx.Process(target=time.sleep, args=(30,))
+        stuck.start()
+        time.sleep(0.5)
+        stuck.terminate()
+        stuck.join()
+        done = ctx.Process(target=dist.all_reduce, args=(torch.ones(4),))
+        done.start()
+        done.join()
+        time.sleep(1.0)  # the parent's watcher would have ended it by now
+        dist.all_reduce(torch.ones(4))
+        print("parent went on", stuck.exitcode, done.exitcode, flush=True)
+        """,
+    )
+    assert proc.returncode == 0 and "parent went on -15 0" in proc.stdout, proc.stderr[-2000:]
+    assert proc.stderr.count("otel-torchdist summary") == 1
+
+
+def test_uninstrument_leaves_a_wakeup_fd_set_after_it_alone():
+    """asyncio's add_signal_handler sets its own wakeup fd after instrument(): uninstrument() took it away."""
+    script = textwrap.dedent(
+        """
+        import asyncio, os, signal
+        import otel_torchdist
+        otel_torchdist.instrument(traces_exporter="none", metrics_exporter=("none",))
+        loop = asyncio.new_event_loop()
+        ran = []
+        loop.add_signal_handler(signal.SIGUSR1, lambda: (ran.append(1), loop.stop()))
+        otel_torchdist.uninstrument()
+        loop.call_later(0.1, os.kill, os.getpid(), signal.SIGUSR1)
+        loop.call_later(5, loop.stop)
+        loop.run_forever()
+        print("ran" if ran else "never ran", flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.stdout.strip() == "ran", proc.stderr[-2000:]
 
 
 def test_sigterm_during_the_exit_flush_waits_for_it(tmp_path):
