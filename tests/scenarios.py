@@ -196,6 +196,15 @@ def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     expect("all_gather_single_coalesced", ws * (B + 4 * F32), source="coalescing_manager", coalesced_ops=2)
     dist._broadcast_coalesced(c10d._get_default_group(), [t8(), t4()], 1024, 0)
     expect("_broadcast_coalesced", B + 4 * F32, root=0)
+    # torch queues only all_reduce, all_gather_single and reduce_scatter_single in a coalescing block:
+    # anything else runs as it is called, and is recorded as such
+    with dist._coalescing_manager():
+        dist.broadcast(t8(), src=0)
+        expect("broadcast", B, root=0)
+        dist.all_gather([torch.empty(8) for _ in range(ws)], t8())
+        expect("all_gather", B * ws)
+        dist.barrier()
+        expect("barrier", 0)
 
     # the other namespace
     c10d.all_reduce(t8())
@@ -209,6 +218,8 @@ def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         expect("all_reduce", B, group="pair", group_size=2, group_rank=sub_ranks.index(rank))
         dist.broadcast(t8(), group=sub, group_src=1)
         expect("broadcast", B, root=ws - 1, group="pair", group_size=2)
+        dist._broadcast_coalesced(sub, [t8()], 1024, 1)  # src: a rank of the group (DDP's on a subgroup)
+        expect("_broadcast_coalesced", B, root=ws - 1, group="pair", group_size=2)
     else:
         dist.all_reduce(t8(), group=sub)  # not a member: returns without communicating, nothing to record
 

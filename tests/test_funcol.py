@@ -123,3 +123,20 @@ def test_a_function_whose_signature_moved_is_left_uncaptured_not_fatal():
     errors = health.errors().get("capture", 0)
     assert capture._wrap("all_reduce", funcol)(all_reduce) is all_reduce
     assert health.errors()["capture"] == errors + 1
+
+
+def test_broadcast_root_is_a_rank_of_the_group(instrumented):
+    """funcol's src is a rank of its group (the C++ op's root rank): recorded as the global rank."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    dist.init_process_group("fake", store=FakeStore(), rank=2, world_size=4)
+    try:
+        folder = instrumented()
+        upper = dist.new_group([2, 3])  # group ranks 0, 1 are global ranks 2, 3
+        funcol.broadcast(torch.ones(5), src=1, group=upper).wait()
+        otel_torchdist.uninstrument()
+        (bc,) = collective_spans(read_spans(os.path.join(folder, "traces.rank2.jsonl")))
+        assert bc["attributes"][n.COLL_ROOT] == 3
+    finally:
+        dist.destroy_process_group()

@@ -107,6 +107,8 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
     bind = binder.bind
 
     times_n = size == "times_n"
+    # Inside a coalescing block torch queues only these (its fast path); any other op runs as it is called.
+    queued = spec.name in _COALESCED
     r0, r1 = root if root is not None else (None, None)
     p0, p1 = peer if peer is not None else (None, None)
 
@@ -117,7 +119,7 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
             group = p2p_ops[0].group if p2p_ops else None
         else:
             group = v[ig] if ig is not None else None
-        if _coalesce_state and _in_coalescing(group):
+        if queued and _coalesce_state and _in_coalescing(group):
             return None  # queued by _coalescing_manager; its exit is what gets recorded
         gi = _groups.get(group if group is not None else _world._default_pg)
         if gi is None:
@@ -126,7 +128,7 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
                 if group is c10d.GroupMember.NON_GROUP_MEMBER:
                     return None  # not a member: the call returns without communicating
                 gi = groups.unresolved()  # no process group (any more): the call raises; record that
-        root_pair = (v[r0], v[r1] if r1 is not None else None) if root is not None else None
+        root_pair = (v[r0] if r0 is not None else None, v[r1] if r1 is not None else None) if root is not None else None
         peer_pair = (v[p0], v[p1] if p1 is not None else None) if peer is not None else None
         is_async = bool(v[ia]) if ia is not None else False
         redop = v[ir] if ir is not None else None

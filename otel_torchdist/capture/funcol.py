@@ -131,7 +131,8 @@ def _make_begin(name: str, funcol: Any, orig: Callable) -> Callable[[tuple, dict
                 return None
         x = args[ip] if count > ip else kwargs.get(payload)
         redop_value = None if ir is None else args[ir] if count > ir else kwargs.get(redop)
-        root = None if isrc is None else (args[isrc] if count > isrc else kwargs.get(src), None)
+        # funcol's src is a rank of the group (the C++ op's root rank): mapped to a global rank on the drain
+        root = None if isrc is None else (None, args[isrc] if count > isrc else kwargs.get(src))
         if x.__class__ is _Tensor:  # the common case, one plain tensor
             nbytes = x.nbytes * gi.size if times_n else x.nbytes
             parent = _current_context().get(_SPAN_KEY)

@@ -78,7 +78,7 @@ C10D_OPS: tuple[OpSpec, ...] = (
         ("tensors",),
         group="process_group",
         async_param=None,
-        root=("src", None),
+        root=(None, "src"),  # a rank of the group: the C++ op takes it as the root rank as is
         params=(("process_group", REQUIRED), ("tensors", REQUIRED), ("buffer_size", REQUIRED), ("src", 0)),
     ),
 )
