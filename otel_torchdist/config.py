@@ -13,7 +13,9 @@ replaced by a default.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import ipaddress
+import logging
 import math
 import os
 import re
@@ -307,7 +309,7 @@ class Config:
         if self.trace_ranks is not None:
             self.trace_ranks = _check_ranks("trace_ranks", self.trace_ranks)
         if self.hang_threshold is not None:
-            _number("hang_threshold", self.hang_threshold, 0.0, None, exclusive_min=True)
+            _seconds("hang_threshold", self.hang_threshold)
         _number("slow_step_factor", self.slow_step_factor, 0.0, None)
         _choice("compile_capture", self.compile_capture, ("off", "sampled"))
         _choice("log_level", self.log_level, LOG_LEVELS)
@@ -316,8 +318,10 @@ class Config:
             value = getattr(self, name)
             if value is not None:
                 _check_endpoint(name, value)
-        for name in ("timeout", "metric_export_interval", "span_schedule_delay", "drain_interval", "flush_timeout"):
-            _number(name, getattr(self, name), 0.0, None, exclusive_min=True)
+        for name in ("timeout", "flush_timeout"):
+            _seconds(name, getattr(self, name))
+        for name in ("metric_export_interval", "span_schedule_delay", "drain_interval"):
+            _seconds(name, getattr(self, name), MIN_INTERVAL_S)
         for name in ("span_queue_size", "span_batch_size", "max_queued_records"):
             _integer(name, getattr(self, name), 1)
         _integer("prometheus_port", self.prometheus_port, 0, 65535)
@@ -325,6 +329,7 @@ class Config:
             value = getattr(self, name)
             if not isinstance(value, str) or not value:
                 raise OptionError(name, f"must be a non-empty string, got {value!r}")
+        self.run_dir = os.path.expanduser(self.run_dir)  # "~/runs" from an env file: no folder named "~"
         if self.run_id is not None:
             _check_run_id("run_id", self.run_id)
         for name in ("resource_attributes", "headers", "traces_headers", "metrics_headers"):
@@ -333,6 +338,8 @@ class Config:
                 isinstance(k, str) and isinstance(v, str) for k, v in value.items()
             ):
                 raise OptionError(name, f"must be a mapping of str to str, got {value!r}")
+        for name in ("headers", "traces_headers", "metrics_headers"):
+            _check_headers(name, getattr(self, name))
         for name in ("disabled", "metrics_rank_label"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
@@ -342,7 +349,7 @@ class Config:
                     _check_file(name, getattr(self, name))
         for signal in ("traces", "metrics"):
             if getattr(self, f"{signal}_timeout") is not None:
-                _number(f"{signal}_timeout", getattr(self, f"{signal}_timeout"), 0.0, None, exclusive_min=True)
+                _seconds(f"{signal}_timeout", getattr(self, f"{signal}_timeout"))
             if getattr(self, f"{signal}_compression") is not None:
                 _choice(f"{signal}_compression", getattr(self, f"{signal}_compression"), COMPRESSIONS)
             value = getattr(self, f"{signal}_insecure")
@@ -357,12 +364,12 @@ class Config:
             self.histogram_buckets = _check_bounds("histogram_buckets", self.histogram_buckets)
         if self.node_name is not None:
             _check_run_id("node_name", self.node_name)
-        _number("node_metrics_interval", self.node_metrics_interval, 0.0, None, exclusive_min=True)
+        _seconds("node_metrics_interval", self.node_metrics_interval, MIN_INTERVAL_S)
         for name in ("system_metrics",):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
         for name in ("system_interval", "warn_gpu_utilization_window"):
-            _number(name, getattr(self, name), 0.0, None, exclusive_min=True)
+            _seconds(name, getattr(self, name), MIN_INTERVAL_S)
         for name in ("warn_gpu_utilization", "warn_memory_fraction"):
             _number(name, getattr(self, name), 0.0, 1.0)
         return self
@@ -394,6 +401,20 @@ class Config:
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
 
 
+def _warn_unknown_variables(env: Mapping[str, str]) -> None:
+    """A misspelled variable would be ignored without a word (a misspelled keyword raises TypeError)."""
+    unknown = sorted(var for var in env if var.startswith(PREFIX) and var not in ENV_VARS)
+    if not unknown:
+        return
+    said = []
+    for var in unknown:
+        close = difflib.get_close_matches(var, ENV_VARS, n=1)
+        said.append(f"{var} (did you mean {close[0]}?)" if close else var)
+    logging.getLogger("otel_torchdist").warning(
+        "otel-torchdist: ignoring unknown environment variable%s %s", "s" if len(said) > 1 else "", ", ".join(said)
+    )
+
+
 def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | None = None) -> Config:
     """Build the configuration: keyword ``options`` over ``environ`` (default ``os.environ``) over defaults."""
     options = dict(options or {})
@@ -403,6 +424,7 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
         raise TypeError(
             f"instrument() got unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(OPTION_NAMES)}"
         )
+    _warn_unknown_variables(env)
     values: dict[str, Any] = {}
     for var, name, parse in _ENV:
         raw = env.get(var)
@@ -495,10 +517,13 @@ def _parse_int(raw: str) -> int:
 
 
 def _parse_bounds(raw: str) -> tuple[float, ...]:
+    items = [x.strip() for x in raw.split(",")]
     try:
-        return tuple(float(x) for x in _split_list(raw))
+        if "" in items:
+            raise ValueError
+        return tuple(float(x) for x in items)
     except ValueError:
-        raise ValueError("expected comma-separated numbers of seconds") from None
+        raise ValueError("expected comma-separated numbers of seconds, with none left empty") from None
 
 
 def _parse_float(raw: str) -> float:
@@ -656,6 +681,37 @@ def _number(name: str, value: Any, lo: float | None, hi: float | None, exclusive
         raise OptionError(name, f"must be <= {hi}, got {value!r}")
 
 
+MAX_SECONDS = 7 * 24 * 3600.0
+"""The longest duration a setting takes: a week (threading refuses waits past about 292 years, and
+anything near that is a unit mistake)."""
+MIN_INTERVAL_S = 0.001
+"""The shortest interval of a periodic job (export, drain, sampling): shorter is a unit mistake that would
+spin a thread."""
+
+
+def _seconds(name: str, value: Any, lo: float = 0.0) -> None:
+    """A duration in seconds (its env variable, if any, is in milliseconds and already converted)."""
+    _number(name, value, 0.0, MAX_SECONDS, exclusive_min=True)
+    if value < lo:
+        raise OptionError(name, f"must be at least {lo * 1e3:g} ms, got {value * 1e3:g} ms")
+
+
+# Header names: HTTP's token characters; values: visible ASCII, space and tab (gRPC metadata allows no more,
+# and a line break would end the header early). Keys ending in -bin carry binary values over gRPC only.
+_HEADER_NAME = re.compile(r"[A-Za-z0-9!#$%&'*+.^_`|~-]+")
+_HEADER_VALUE = re.compile(r"[\t\x20-\x7e]*")
+
+
+def _check_headers(name: str, value: Mapping[str, str]) -> None:
+    for key, v in value.items():
+        if not _HEADER_NAME.fullmatch(key):
+            raise OptionError(name, f"header name {key!r} may only hold letters, digits and !#$%&'*+.^_`|~-")
+        if key.lower().endswith("-bin"):
+            raise OptionError(name, f"header {key!r}: names ending in -bin are binary gRPC metadata, not supported")
+        if not _HEADER_VALUE.fullmatch(v):
+            raise OptionError(name, f"header {key!r} has a value with a line break, control or non-ASCII character: {v!r}")
+
+
 def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
     if isinstance(value, bool) or not isinstance(value, int):
         raise OptionError(name, f"must be an integer, got {value!r}")
@@ -666,8 +722,12 @@ def _integer(name: str, value: Any, lo: int, hi: int | None = None) -> None:
 def _check_endpoint(name: str, value: Any) -> None:
     if not isinstance(value, str):
         raise OptionError(name, f"must be a URL string, got {value!r}")
-    parsed = urllib.parse.urlparse(value if "://" in value else "http://" + value)
-    if parsed.scheme not in ("http", "https") or not parsed.hostname or not _valid_host(parsed.hostname):
+    try:
+        parsed = urllib.parse.urlparse(value if "://" in value else "http://" + value)
+        host = parsed.hostname
+    except ValueError as exc:  # "Invalid IPv6 URL": an unclosed bracket
+        raise OptionError(name, f"must be an http(s) URL such as http://localhost:4318 ({exc}), got {value!r}") from None
+    if parsed.scheme not in ("http", "https") or not host or not _valid_host(host):
         raise OptionError(name, f"must be an http(s) URL such as http://localhost:4318, got {value!r}")
     try:
         parsed.port

@@ -21,6 +21,7 @@ import os
 import secrets
 import socket
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Any
 
@@ -92,18 +93,29 @@ def sanitize(raw: str) -> str:
     return "".join(c if (c.isalnum() or c in "-_.") else "-" for c in raw)[:128]
 
 
+# The run id agreed on the current default group: instrument() again on the same group (after
+# uninstrument()) keeps it, since the key stays in the store and a rank reading before rank 0 writes again
+# would take the old id while rank 0 made a new one.
+_agreed: list[Any] = [None, None]  # [weak reference to the default group, run id]
+
+
 def _agree_run_id(rank: int) -> str:
     """Rank 0 proposes a run id; the others read it from the default store (bounded wait)."""
     from torch.distributed import distributed_c10d as c10d
 
     try:
+        pg = c10d._get_default_group()
+        if _agreed[0] is not None and _agreed[0]() is pg:
+            return _agreed[1]
         store = c10d._get_default_store()
         if rank == 0:
             run_id = new_run_id()
             store.set(STORE_KEY, run_id)
-            return run_id
-        store.wait([STORE_KEY], STORE_TIMEOUT)
-        return store.get(STORE_KEY).decode()
+        else:
+            store.wait([STORE_KEY], STORE_TIMEOUT)
+            run_id = store.get(STORE_KEY).decode()
+        _agreed[:] = [weakref.ref(pg), run_id]
+        return run_id
     except Exception as exc:
         run_id = new_run_id()
         if dist.get_backend() == "fake":

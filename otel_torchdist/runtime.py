@@ -288,7 +288,7 @@ class Runtime:
         try:
             endpoint.start(self.cfg.prometheus_host, port if port <= 65535 else 0)
         except Exception as exc:
-            health.error("prometheus", f"cannot serve /metrics on {self.cfg.prometheus_host}", exc)
+            health.error("prometheus", f"cannot serve /metrics on {self.cfg.prometheus_host} (prometheus_host, OTEL_EXPORTER_PROMETHEUS_HOST)", exc)
             return
         self.prometheus = endpoint
         self.destinations.append(f"metrics: Prometheus {endpoint.url}")

@@ -345,8 +345,14 @@ def agreed_run_id(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     ident = runtime.current().identity
     dist.all_reduce(torch.ones(4))
     otel_torchdist.uninstrument()
+    # again on the same group, rank 0 last: the others find the first cycle's key in the store
+    if rank == 0:
+        time.sleep(0.5)
+    otel_torchdist.instrument(run_dir=os.path.join(out, "runs"), traces_exporter="file", metrics_exporter=("file",), summary="none")
+    again = runtime.current().identity.run_id
+    otel_torchdist.uninstrument()
     dist.destroy_process_group()
-    return {"run_id": ident.run_id, "instance": ident.instance_id, "seq_before_first_collective": seq_before}
+    return {"run_id": ident.run_id, "again": again, "instance": ident.instance_id, "seq_before_first_collective": seq_before}
 
 
 def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

@@ -74,6 +74,18 @@ def test_keyword_options_win_and_mappings_merge():
         ("OTEL_TORCHDIST_RUN_ID", "run/../../etc"),
         ("OTEL_TORCHDIST_SUMMARY", "everyone"),
         ("OTEL_TORCHDIST_MAX_QUEUED_RECORDS", "lots"),
+        # past what threading can wait (it raised OverflowError from uninstrument() or a thread): a week at most
+        ("OTEL_TORCHDIST_FLUSH_TIMEOUT_MS", "1e13"),
+        ("OTEL_TORCHDIST_DRAIN_INTERVAL_MS", "1e13"),
+        ("OTEL_TORCHDIST_SYSTEM_INTERVAL_MS", "1e13"),
+        ("OTEL_EXPORTER_OTLP_TIMEOUT", "1e10"),
+        ("OTEL_METRIC_EXPORT_INTERVAL", "0.001"),  # a thread spinning every microsecond: a unit mistake
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[::1:4318"),  # urlparse's own ValueError, now named
+        ("OTEL_EXPORTER_OTLP_ENDPOINT", "http://[zz]:4318"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "x-api-key=abc%0Adef"),  # no request can carry a line break
+        ("OTEL_EXPORTER_OTLP_HEADERS", "bad key=1"),
+        ("OTEL_EXPORTER_OTLP_HEADERS", "trace-bin=AAA"),
+        ("OTEL_TORCHDIST_HISTOGRAM_BUCKETS", "0.1,,0.2"),
     ],
 )
 def test_bad_variable_raises_value_error_naming_it(var, value):
@@ -192,3 +204,21 @@ def test_per_signal_otlp_settings_override_the_generic_ones(tmp_path):
         assert grpc_metrics.insecure is True  # the metrics-only INSECURE applies to metrics alone
     finally:
         grpc_metrics.shutdown()
+
+
+def test_a_misspelled_variable_is_named_with_the_likely_one(caplog):
+    with caplog.at_level("WARNING", logger="otel_torchdist"):
+        config.load({}, environ={"OTEL_TORCHDIST_TRACE_FIRST_STEP": "3", "OTEL_TORCHDIST_RUN_ID": "ok"})
+    (record,) = caplog.records
+    assert "OTEL_TORCHDIST_TRACE_FIRST_STEP (did you mean OTEL_TORCHDIST_TRACE_FIRST_STEPS?)" in record.getMessage()
+
+
+def test_run_dir_expands_the_home_folder():
+    import os
+
+    assert config.load({}, environ={"OTEL_TORCHDIST_RUN_DIR": "~/runs"}).run_dir == os.path.expanduser("~/runs")
+
+
+def test_headers_that_requests_can_carry_are_kept():
+    cfg = config.load({}, environ={"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Basic%20YWJj%3D%3D,x-scope_orgID=t.1"})
+    assert cfg.headers == {"Authorization": "Basic YWJj==", "x-scope_orgID": "t.1"}

@@ -61,6 +61,7 @@ def test_ranks_agree_on_a_run_id_without_a_collective(tmp_path):
     results = run_ranks("agreed_run_id", 3, out)
     run_ids = {r["run_id"] for r in results}
     assert len(run_ids) == 1
+    assert {r["again"] for r in results} == run_ids  # instrument() again on the same group: the same run
     assert len({r["instance"] for r in results}) == 3
     assert all(r["seq_before_first_collective"] == 0 for r in results)  # the agreement used no collective
     (run_id,) = run_ids

@@ -93,3 +93,29 @@ def test_real_prometheus_scrapes_every_rank(tmp_path):
         finally:
             prom.stop()
     assert "is taken" in launcher_log(out)
+
+
+def test_an_ipv6_host_is_bracketed_in_the_url_and_the_target(tmp_path):
+    import json
+    import urllib.request
+
+    from otel_torchdist.export.prometheus import PrometheusEndpoint
+
+    try:
+        socket.socket(socket.AF_INET6).close()
+    except OSError:
+        pytest.skip("no IPv6 on this machine")
+    endpoint = PrometheusEndpoint(lambda: [])
+    try:
+        endpoint.start("::1", 0)
+    except OSError as exc:
+        pytest.skip(f"cannot bind ::1 here ({exc})")
+    try:
+        assert endpoint.url == f"http://[::1]:{endpoint.port}/metrics"
+        with urllib.request.urlopen(endpoint.url, timeout=5) as resp:  # the URL as printed works
+            assert resp.status == 200
+        path = str(tmp_path / "targets.json")
+        endpoint.write_target(path, {"rank": "0"})
+        assert json.load(open(path))[0]["targets"] == [f"[::1]:{endpoint.port}"]
+    finally:
+        endpoint.stop()

@@ -119,9 +119,10 @@ class PrometheusEndpoint:
         return f"http://{self.scrape_host()}:{self.port}/metrics"
 
     def scrape_host(self) -> str:
+        """The host part of this server's address, as URLs and Prometheus targets write it."""
         if self.host in ("", "0.0.0.0", "::"):
             return socket.gethostname()
-        return self.host
+        return f"[{self.host}]" if ":" in self.host else self.host  # an IPv6 address: bracketed
 
     def write_target(self, path: str, labels: dict[str, str]) -> None:
         """A file-SD target file Prometheus can read: ``file_sd_configs: [{files: [".../prometheus-targets.*.json"]}]``."""
