@@ -23,12 +23,15 @@ import glob
 import gzip
 import http.server
 import ipaddress
+import json
 import os
 import re
 import socket
 import ssl
 import struct
 import subprocess
+import sys
+import textwrap
 import threading
 import time
 from concurrent import futures
@@ -40,7 +43,7 @@ import pytest
 from otel_torchdist import names as n
 
 from . import scenarios_faults_export as sc
-from .harness import finish_ranks, free_port, launcher_log, start_ranks, wait_for
+from .harness import REPO, finish_ranks, free_port, launcher_log, start_ranks, wait_for
 from .peers import _ANSI, Rotel, _rotel_value, parse_rotel
 
 _FOREIGN_ENV = ("OTEL_", "TORCHELASTIC_", "SLURM_")
@@ -841,3 +844,33 @@ def test_deploy_stack_has_no_secret_to_edit_and_says_how_to_set_one():
     readme = open(os.path.join(sd.DEPLOY, "README.md")).read()
     security = readme[readme.index("## Security") :]
     assert "GF_ADMIN_PASSWORD" in security and "deploy/.env" in security and "openssl rand" in security
+
+
+def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
+    """A full disk stops a write part-way (here a real file-size limit, RLIMIT_FSIZE, does: the kernel's
+    EFBIG where a disk gives ENOSPC). The run folder's files keep whole lines and whole documents."""
+    script = textwrap.dedent(
+        f"""
+        import json, os, resource, signal
+        from otel_torchdist.export.sinks import FileSink
+        signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel's signal for EFBIG: errno instead
+        folder = {str(tmp_path)!r}
+        sink = FileSink(folder, 0, traces=True, metrics=False)
+        resource.setrlimit(resource.RLIMIT_FSIZE, (2500, 2500))
+        ok = [sink._write(sink.traces_path, json.dumps({{"i": i, "pad": "x" * 900}})) for i in range(5)]
+        sink.shutdown()
+        from otel_torchdist import runtime
+        rt = runtime.Runtime.__new__(runtime.Runtime)
+        rt.folder = folder
+        rt._write_json("summary.rank0.json", {{"a": 1}})
+        rt._write_json("summary.rank0.json", {{"big": "y" * 5000}})  # cannot fit: the first stays
+        print(json.dumps(ok), flush=True)
+        """
+    )
+    proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True, False, False, False]
+    lines = open(tmp_path / "traces.rank0.jsonl").read().splitlines()
+    assert [json.loads(line)["i"] for line in lines] == [0, 1]  # the third was cut back, not left torn
+    assert json.load(open(tmp_path / "summary.rank0.json")) == {"a": 1}
+    assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")

@@ -77,6 +77,22 @@ class _FailureLog:
 
 
 # ----------------------------------------------------------------------------------------- run folder
+def _append_whole(fd: int, data: bytes) -> None:
+    """Append one line or none: a full disk (or a file size limit) stops a write part-way, and a torn line
+    would make the file unreadable from there on, so the part written is cut off again before raising."""
+    start = os.fstat(fd).st_size
+    view = memoryview(data)
+    try:
+        while view:
+            view = view[os.write(fd, view) :]
+    except OSError:
+        try:
+            os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise
+
+
 class FileSink(Sink):
     """OTLP/JSON lines, one ``Export*ServiceRequest`` per line: ``traces.rank<R>.jsonl`` and
     ``metrics.rank<R>.jsonl`` in the run folder. Appends, so an elastic restart adds to the same files."""
@@ -97,10 +113,8 @@ class FileSink(Sink):
             with self._lock:
                 f = self._files.get(path)
                 if f is None:
-                    f = self._files[path] = open(path, "a", encoding="utf-8")
-                f.write(line)
-                f.write("\n")
-                f.flush()
+                    f = self._files[path] = open(path, "ab", buffering=0)
+                _append_whole(f.fileno(), (line + "\n").encode())
         except Exception as exc:
             self._failures.failed(f"{type(exc).__name__}: {exc}")
             return False
