@@ -206,10 +206,19 @@ def test_per_signal_otlp_settings_override_the_generic_ones(tmp_path):
         grpc_metrics.shutdown()
 
 
-def test_a_misspelled_variable_is_named_with_the_likely_one(caplog):
-    with caplog.at_level("WARNING", logger="otel_torchdist"):
+def test_a_misspelled_variable_is_named_with_the_likely_one():
+    import logging
+
+    records: list[logging.LogRecord] = []
+    handler = logging.Handler(logging.WARNING)
+    handler.emit = records.append  # type: ignore[method-assign]
+    logger = logging.getLogger("otel_torchdist")  # may not propagate once the library set up its logging
+    logger.addHandler(handler)
+    try:
         config.load({}, environ={"OTEL_TORCHDIST_TRACE_FIRST_STEP": "3", "OTEL_TORCHDIST_RUN_ID": "ok"})
-    (record,) = caplog.records
+    finally:
+        logger.removeHandler(handler)
+    (record,) = records
     assert "OTEL_TORCHDIST_TRACE_FIRST_STEP (did you mean OTEL_TORCHDIST_TRACE_FIRST_STEPS?)" in record.getMessage()
 
 
