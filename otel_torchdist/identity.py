@@ -146,6 +146,10 @@ def process_start_time() -> float:
 # previous attempt. Rank 0 writes after its init_process_group, which waits for every rank to have started.
 ATTEMPT_CLOCK_SLACK_S = 0.25
 ATTEMPT_POLL_S = 0.05
+# Shorter than the run id's wait: torchrun gives the run id, so this wait is new to such jobs, and a rank 0
+# that instruments late (or never) must not hold the others up long. Ranks resolve within moments of each
+# other (right after init_process_group, or at instrument() in the same script).
+ATTEMPT_TIMEOUT = datetime.timedelta(seconds=10)
 
 
 def _agree_attempt(rank: int, restart: int) -> str:
@@ -160,7 +164,7 @@ def _agree_attempt(rank: int, restart: int) -> str:
             store.set(ATTEMPT_KEY, f"{time.time():.6f} {value}")
             return value
         started = process_start_time() - ATTEMPT_CLOCK_SLACK_S
-        deadline = time.monotonic() + STORE_TIMEOUT.total_seconds()
+        deadline = time.monotonic() + ATTEMPT_TIMEOUT.total_seconds()
         while True:
             store.wait([ATTEMPT_KEY], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
             written, value = store.get(ATTEMPT_KEY).decode().split(" ", 1)

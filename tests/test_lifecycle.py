@@ -96,9 +96,9 @@ def test_an_elastic_attempt_ignores_the_value_a_previous_attempt_left(monkeypatc
     try:
         store = c10d._get_default_store()
         store.set(identity.ATTEMPT_KEY, f"{identity.process_start_time() - 5:.6f} stale")
-        monkeypatch.setattr(identity, "STORE_TIMEOUT", datetime.timedelta(seconds=1))
+        monkeypatch.setattr(identity, "ATTEMPT_TIMEOUT", datetime.timedelta(seconds=1))
         assert identity._agree_attempt(1, 2) == "restart2"  # only the stale value, until the deadline
-        monkeypatch.setattr(identity, "STORE_TIMEOUT", datetime.timedelta(seconds=20))
+        monkeypatch.setattr(identity, "ATTEMPT_TIMEOUT", datetime.timedelta(seconds=20))
         writer = threading.Timer(0.3, lambda: store.set(identity.ATTEMPT_KEY, f"{time.time():.6f} fresh"))
         writer.start()
         assert identity._agree_attempt(1, 2) == "fresh"
