@@ -273,8 +273,22 @@ def compiled(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     with otel_torchdist.deep_capture():
         results = [fn(x).item() for _ in range(3)]
     graphs_after = torch._dynamo.utils.counters["stats"]["unique_graphs"]
+    # a compiled DDP model: the forward wrapper steps aside (Dynamo guarded on its bookkeeping and failed)
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    torch.manual_seed(0)
+    ddp = DDP(torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4)))
+    model = torch.compile(ddp, backend="aot_eager")
+    opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+    losses = []
+    for i in range(3):
+        loss = model(torch.full((4, 16), float(i + 1))).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
     _finish()
-    return {"graphs_before": graphs_before, "graphs_after": graphs_after, "results": results}
+    return {"graphs_before": graphs_before, "graphs_after": graphs_after, "results": results, "ddp_losses": losses}
 
 
 # ------------------------------------------------------------------------- checkpoint, optimizer in bwd
@@ -307,8 +321,26 @@ def ddp_built_before_instrument(rank: int, ws: int, port: int, out: str, args: d
     early = DDP(_mlp(), bucket_cap_mb=0.01)
     _instrument(out, f"early-ws{ws}")
     _train(early, 2, rank)
-    _finish()
-    return {}
+    # BatchNorm statistics: DDP broadcasts its buffers around every forward
+    bn_group = dist.new_group(list(range(ws)), group_desc="bn")
+    bn = DDP(torch.nn.Sequential(torch.nn.Linear(16, 8), torch.nn.BatchNorm1d(8)), process_group=bn_group)
+    _train(bn, 2, rank)
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    # uninstrumented again: the model takes a hook as if it had never been instrumented
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    calls = []
+
+    def counting(state, bucket):
+        calls.append(bucket.index())
+        return allreduce_hook(state, bucket)
+
+    early.register_comm_hook(None, counting)
+    _train(early, 1, rank)
+    dist.destroy_process_group()
+    return {"hook_calls_after_uninstrument": len(calls)}
 
 
 def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

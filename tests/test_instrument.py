@@ -38,6 +38,29 @@ def test_uninstrument_restores_every_patched_attribute_to_the_identical_object(f
     dist.all_reduce(torch.ones(2))
 
 
+def test_a_name_bound_while_instrumented_records_nothing_after(fake_pg, instrumented):
+    """``from torch.distributed import all_reduce`` (torch's own _collective_utils does this too) keeps the
+    wrapper past uninstrument(): it must then only call through, queueing nothing nobody drains."""
+    import torch.distributed._functional_collectives as funcol
+
+    from otel_torchdist.capture import record
+
+    instrumented()
+    from torch.distributed import all_reduce as bound
+
+    bound_funcol = funcol.all_reduce
+    bound_wait = dist.Work.wait
+    otel_torchdist.uninstrument()
+    before = len(record.QUEUE)
+    x = torch.ones(4)
+    for _ in range(10):
+        bound(x)
+        bound_wait(bound(x, async_op=True))
+        bound_funcol(x, "sum", fake_pg).wait()
+    assert len(record.QUEUE) == before
+    assert torch.equal(x, torch.ones(4))  # the fake backend leaves the data as it is
+
+
 def test_instrument_twice_is_harmless(fake_pg, instrumented, caplog):
     folder = instrumented()
     first = _snapshot()

@@ -7,6 +7,7 @@ torch.profiler on the same run.
 
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 
@@ -306,9 +307,15 @@ def test_wasteful_ddp_configuration_warns(ddp_job):
 
 def test_ddp_built_before_instrument_gets_bucket_records(tmp_path_factory):
     job = _job(tmp_path_factory, "ddp_built_before_instrument", 2, "early")
-    buckets = [s for s in _collectives(job["spans"][0]) if _a(s, n.COLL_FRAMEWORK) == "ddp"]
+    colls = _collectives(job["spans"][0])
+    buckets = [s for s in colls if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) != "bn"]
     assert len(buckets) == 1 + 2  # one bucket before the reducer rebuilds them, then two
     assert all(_a(s, n.DDP_BUCKET_BYTES) == _a(s, n.COLL_MESSAGE_SIZE) for s in buckets)
+    # after uninstrument() the adopted model takes a comm hook (the reducer alone would refuse a second)
+    assert job["results"][0]["hook_calls_after_uninstrument"] >= 1
+    # DDP's buffer broadcasts around forward are DDP's, in forward (its construction's broadcast is not)
+    bn = [s for s in colls if _a(s, n.COLL_GROUP_DESC) == "bn" and _a(s, n.COLL_OP) == "_broadcast_coalesced"]
+    assert [(_a(s, n.COLL_FRAMEWORK), _a(s, n.COLL_PHASE)) for s in bn[1:]] == [("ddp", "forward")] * 2
 
 
 # ------------------------------------------------------------------------------- compile, checkpoint
@@ -318,7 +325,11 @@ def test_compiled_collectives_seen_by_the_deep_mode_without_recompiling(tmp_path
         result = job["results"][rank]
         assert result["graphs_after"] == result["graphs_before"] == 1
         assert result["results"] == [64.0] * 3
-        colls = _collectives(job["spans"][rank])
+        compiled = [s for s in _collectives(job["spans"][rank]) if _a(s, n.COLL_FRAMEWORK) != "ddp"]
+        ddp = [s for s in _collectives(job["spans"][rank]) if _a(s, n.COLL_FRAMEWORK) == "ddp"]
+        assert len(result["ddp_losses"]) == 3 and all(math.isfinite(x) for x in result["ddp_losses"])
+        assert sum(1 for s in ddp if _a(s, n.COLL_SOURCE) == "ddp_hook") >= 3  # a bucket or more a step
+        colls = [s for s in compiled if _a(s, n.COLL_OP) != "_broadcast_coalesced"]  # DDP's init broadcast
         assert Counter((s["name"], _a(s, n.COLL_MESSAGE_SIZE)) for s in colls) == {
             ("all_reduce", 32): 3,
             ("all_gather_into_tensor", 64): 3,

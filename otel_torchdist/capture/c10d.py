@@ -62,6 +62,11 @@ _STEP = R.STEP
 _COMPLETION_FUTURE = groups.COMPLETION_FUTURE
 _END_RETURN = n.END_RETURN
 
+# True while instrumented (patches() sets it). A wrapper outlives uninstrument() where a program bound it
+# by name meanwhile (``from torch.distributed import all_reduce``; torch's own _collective_utils, imported
+# while instrumented): it then records nothing, since nothing drains the queue any more.
+_LIVE = False
+
 SOURCE_C10D = "c10d"
 SOURCE_PG = "process_group"
 SOURCE_COALESCING = "coalescing_manager"
@@ -222,7 +227,7 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
 
     @functools.wraps(orig)
     def wrapper(*args, **kwargs):
-        if _is_compiling():
+        if not _LIVE or _is_compiling():
             return orig(*args, **kwargs)
         outer = TLS.outer
         if outer is not None:
@@ -300,7 +305,7 @@ def wrap_coalescing_manager(orig: Callable) -> Callable:
     @functools.wraps(orig)
     @contextlib.contextmanager
     def coalescing_manager(group=None, device=None, async_ops=False):
-        if _is_compiling() or TLS.outer is not None:
+        if not _LIVE or _is_compiling() or TLS.outer is not None:
             with orig(group, device, async_ops) as cm:
                 yield cm
             return
@@ -353,7 +358,7 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
-            if _is_compiling() or TLS.outer is not None:
+            if not _LIVE or _is_compiling() or TLS.outer is not None:
                 return orig(self, *args, **kwargs)
             try:
                 rec = None
@@ -393,7 +398,7 @@ def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
-            if _is_compiling() or TLS.outer is not None:
+            if not _LIVE or _is_compiling() or TLS.outer is not None:
                 return orig(self, *args, **kwargs)
             try:
                 rec = None
@@ -435,6 +440,8 @@ def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
 def _wrap_work_wait(orig: Callable) -> Callable:
     @functools.wraps(orig)
     def wait(self, *args, **kwargs):
+        if not _LIVE:
+            return orig(self, *args, **kwargs)
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as exc:
@@ -493,7 +500,7 @@ def _function_patch(spec: OpSpec) -> Callable[[Any], Any]:
 
 
 def patches() -> list[Patch]:
-    table: list[Patch] = []
+    table: list[Patch] = [Patch(sys.modules[__name__], "_LIVE", lambda _: True)]
     for ns in NAMESPACES:
         for spec in C10D_OPS:
             table.append(Patch(ns, spec.name, _function_patch(spec)))

@@ -29,6 +29,7 @@ from __future__ import annotations
 import gc
 import logging
 import sys
+import types
 import weakref
 from time import perf_counter_ns
 from typing import Any
@@ -50,6 +51,7 @@ from . import record as R
 from .c10d import _current_context
 
 _graph_task_id = torch._C._current_graph_task_id
+_is_compiling = torch.compiler.is_compiling
 _Tensor = torch.Tensor
 # Record fields the bucket path fills, bound once (a module attribute read per field per bucket otherwise).
 _BWD, _STEPCTX, _PARENT, _T_START, _T_END, _SEQ, _END = R.BWD, R.STEPCTX, R.PARENT, R.T_START, R.T_END, R.SEQ, R.END
@@ -300,6 +302,11 @@ def _install_trampoline(ddp: Any) -> None:
     # ddp._comm_hooks, which DDP's compiled-autograd path calls with (grad, param) tuples.
     dist._register_comm_hook(ddp.reducer, trampoline, otel_torchdist_ddp_hook)
     _state[ddp] = trampoline
+    # The reducer takes one hook and cannot drop it: the trampoline stays for the model's life, and so do
+    # this model's own registration methods, which hand a later hook to it (after uninstrument() too,
+    # when the class's methods are torch's again and the reducer would refuse a second hook).
+    ddp.register_comm_hook = types.MethodType(_register_comm_hook, ddp)
+    ddp._register_builtin_comm_hook = types.MethodType(_register_builtin_comm_hook, ddp)
 
 
 def _model_counts(module: Any) -> tuple[int, int, int]:
@@ -367,48 +374,46 @@ def _wrap_init(orig):
     return __init__
 
 
-def _wrap_register(orig):
-    def register_comm_hook(self, state: object, hook: Any):
-        trampoline = _state.get(self)
-        if trampoline is None:
-            return orig(self, state, hook)
-        if trampoline.user_hook_registered:
-            # What the reducer itself says to a second registration.
-            raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
-        self._check_comm_hook(hook)
-        self.logger._set_comm_hook_name(hook.__qualname__)
-        self._comm_hooks.append((hook, state))
-        trampoline.inner_hook, trampoline.inner_state = hook, state
-        trampoline.user_hook_registered = True
-
-    register_comm_hook.__wrapped__ = orig
-    register_comm_hook.__doc__ = orig.__doc__
-    return register_comm_hook
+def _register_comm_hook(self: Any, state: object, hook: Any) -> None:
+    """DistributedDataParallel.register_comm_hook for a model with the trampoline: the hook becomes the
+    trampoline's inner hook (the reducer accepts one registration only)."""
+    trampoline = _state.get(self)
+    if trampoline is None:
+        return type(self).register_comm_hook(self, state, hook)
+    if trampoline.user_hook_registered:
+        # What the reducer itself says to a second registration.
+        raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
+    self._check_comm_hook(hook)
+    self.logger._set_comm_hook_name(hook.__qualname__)
+    self._comm_hooks.append((hook, state))
+    trampoline.inner_hook, trampoline.inner_state = hook, state
+    trampoline.user_hook_registered = True
 
 
-def _wrap_builtin(orig):
-    def _register_builtin_comm_hook(self, comm_hook_type):
-        trampoline = _state.get(self)
-        if trampoline is None:
-            return orig(self, comm_hook_type)
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
+    """The same for DDP's builtin hooks: each maps to its Python twin (the trampoline runs Python hooks)."""
+    trampoline = _state.get(self)
+    if trampoline is None:
+        return type(self)._register_builtin_comm_hook(self, comm_hook_type)
+    from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        python_twin = {
-            dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
-            dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
-        }.get(comm_hook_type)
-        if python_twin is None or trampoline.user_hook_registered:
-            return orig(self, comm_hook_type)  # let the reducer answer exactly as it would
-        self.logger._set_comm_hook_name(str(comm_hook_type))
-        trampoline.inner_hook, trampoline.inner_state = python_twin, self.process_group
-        trampoline.user_hook_registered = True
-
-    _register_builtin_comm_hook.__wrapped__ = orig
-    return _register_builtin_comm_hook
+    python_twin = {
+        dist.BuiltinCommHookType.ALLREDUCE: default_hooks.allreduce_hook,
+        dist.BuiltinCommHookType.FP16_COMPRESS: default_hooks.fp16_compress_hook,
+    }.get(comm_hook_type)
+    if python_twin is None or trampoline.user_hook_registered:
+        return type(self)._register_builtin_comm_hook(self, comm_hook_type)  # the reducer answers as it would
+    self.logger._set_comm_hook_name(str(comm_hook_type))
+    trampoline.inner_hook, trampoline.inner_state = python_twin, self.process_group
+    trampoline.user_hook_registered = True
 
 
 def _wrap_forward(orig):
     def forward(self, *args, **kwargs):
+        if _is_compiling():
+            # Dynamo would trace the count and its weakref.finalize, guard on the finalizer registry, and
+            # fail that guard on the frame it made it for.
+            return orig(self, *args, **kwargs)
         key = id(self)
         count = _forwards.get(key)
         if count is None:
@@ -423,6 +428,19 @@ def _wrap_forward(orig):
 
     forward.__wrapped__ = orig
     return forward
+
+
+def _wrap_sync_buffers(orig):
+    def _sync_buffers(self, *args, **kwargs):
+        # DDP's buffer broadcast (BatchNorm statistics, broadcast_buffers=True) runs around forward.
+        token = context.push(framework="ddp", phase="forward")
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            context.pop(token)
+
+    _sync_buffers.__wrapped__ = orig
+    return _sync_buffers
 
 
 def _read_logging_data(ddp: Any) -> None:
@@ -483,9 +501,8 @@ def patches() -> list[Patch]:
     return [
         Patch(sys.modules[__name__], "_LIVE", lambda _: True),
         Patch(DDP, "__init__", _wrap_init),
-        Patch(DDP, "register_comm_hook", _wrap_register),
-        Patch(DDP, "_register_builtin_comm_hook", _wrap_builtin),
         Patch(DDP, "forward", _wrap_forward),
+        Patch(DDP, "_sync_buffers", _wrap_sync_buffers),
     ]
 
 

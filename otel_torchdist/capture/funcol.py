@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import functools
 import inspect
+import sys
 import weakref
 from time import perf_counter_ns
 from collections.abc import Callable
@@ -49,6 +50,9 @@ SUM, TIMES_N = "input", "input_times_n"
 # name -> (kind, size rule, payload parameter, reduce-op parameter, source-rank parameter). Every one of these
 # functions takes its process group as ``group`` and its tag as ``tag``; parameters are found by name in
 # each function's signature, so keyword calls (DTensor passes ``group=`` and ``reduceOp=``) read the same.
+# True while instrumented (patches() sets it): see c10d._LIVE.
+_LIVE = False
+
 _SPECS: dict[str, tuple[str, str, str, str | None, str | None]] = {
     "all_reduce": (bw.ALL_REDUCE, SUM, "self", "reduceOp", None),
     "all_gather_single": (bw.ALL_GATHER, TIMES_N, "self", None, None),
@@ -162,7 +166,7 @@ def _wrap(name: str, funcol: Any):
 
         @functools.wraps(orig)
         def wrapper(*args, **kwargs):
-            if _is_compiling() or _TLS.outer is not None:
+            if not _LIVE or _is_compiling() or _TLS.outer is not None:
                 return orig(*args, **kwargs)
             try:
                 rec = begin(args, kwargs)
@@ -306,7 +310,8 @@ def patches() -> list[Patch]:
         import torch.distributed._functional_collectives as funcol
     except ImportError:
         return []
-    out = [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
+    out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True)]
+    out += [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
     out.append(Patch(funcol, "wait_tensor", _wrap_wait))
     _ = torch  # the module import above needs torch.distributed initialised as a package
     return out
