@@ -26,6 +26,7 @@ import bisect
 import hashlib
 import logging
 import threading
+import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
@@ -62,6 +63,8 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
 
 
 _prefixes: dict[str, Any] = {}
+
+TAKEOVER_STEPS = 2  # in a row without the lead: a new phase (the lead replaced), or a WGAN critic (steps follow it)
 
 
 def union_seconds(intervals: list[tuple[int, int]], lo: int, hi: int) -> float:
@@ -202,6 +205,11 @@ class StepTracker:
         self._lock = threading.RLock()
         self._recent = _Recent(101)
         self._last_slow_warning = -10**9
+        # The optimizer whose steps close training steps, and what the others did since its last (_closes).
+        self._lead: Any = None  # weak reference
+        self._settled = False
+        self._last_other: Any = None  # weak reference
+        self._others: dict[int, int] = {}
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, trace_key: str, rank: int, world: int) -> None:
@@ -235,10 +243,11 @@ class StepTracker:
 
     def begin(self, index: int | None = None, source: str = "explicit", t_start: int | None = None) -> int:
         with self._lock:
-            if self.open and source == "explicit" and self.source == "optimizer" and index is not None and int(index) == self.index:
-                # An explicit step numbered like the open optimizer-closed one would share its trace and span
-                # ids: what that one holds so far (set-up before the loop) becomes part of the explicit step,
-                # which keeps its start, so that the set-up's spans lie inside their parent.
+            if self.open and source == "explicit" and self.source == "optimizer" and (index is None or int(index) == self.index):
+                # An explicit step numbered like the open optimizer-closed one (or not numbered) would share
+                # its trace and span ids: what that one holds so far (set-up before the loop) becomes part of
+                # the explicit step, which keeps its start, so that the set-up's spans lie inside their
+                # parent. (Unnumbered, it ended that one and began at 2: step 1 never existed.)
                 self.source = source
                 return self.index
             if self.open:
@@ -304,11 +313,14 @@ class StepTracker:
         backward = self.backward
         return (_CLOSE_STEP, ctx, self.t_start, t_end, self.source, user, tuple(backward) if backward else (), final, error, warmup)
 
-    def on_optimizer_step(self, first: bool, t_start: int, t_end: int, in_backward: bool) -> tuple | None:
+    def on_optimizer_step(self, first: bool, t_start: int, t_end: int, in_backward: bool, optimizer: Any = None) -> tuple | None:
         """An optimizer step ended: it closes the current training step (unless steps are explicit) and
         opens the next. ``first``: that optimizer's first step, whose step is warm-up. Returns the closed
-        step's deferred entry, which the optimizer capture queues inside its own."""
+        step's deferred entry, which the optimizer capture queues inside its own. With several optimizers
+        stepping each iteration, only one closes steps (see ``_closes``)."""
         if self.explicit or in_backward:  # optimizer-in-backward steps each parameter, not the loop
+            return None
+        if optimizer is not None and not self._closes(optimizer):
             return None
         lock = self._lock
         lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
@@ -318,6 +330,35 @@ class StepTracker:
         finally:
             lock.release()
         return close
+
+    def _closes(self, optimizer: Any) -> bool:
+        """Whether this optimizer's step ends the training step: the *lead*'s does, so that a GAN's two
+        optimizers (or parameter groups split over two) do not count each iteration twice. The first
+        optimizer to step leads until it steps again: if others stepped in between, the iteration ends with
+        the last of them, which leads from then on. Another optimizer that steps TAKEOVER_STEPS times while
+        the lead does not (the lead was replaced) takes over, as does any once the lead is collected."""
+        lead = self._lead() if self._lead is not None else None
+        if lead is None:
+            self._lead, self._settled, self._last_other = weakref.ref(optimizer), False, None
+            self._others.clear()
+            return True
+        if optimizer is lead:
+            other = self._last_other() if self._last_other is not None else None
+            self._last_other = None
+            self._others.clear()
+            if not self._settled:
+                self._settled = True
+                if other is not None:
+                    self._lead = weakref.ref(other)  # the iteration ends with the other optimizer's step
+                    return False
+            return True
+        self._last_other = weakref.ref(optimizer)
+        count = self._others[id(optimizer)] = self._others.get(id(optimizer), 0) + 1
+        if count < TAKEOVER_STEPS:
+            return False
+        self._lead, self._settled, self._last_other = weakref.ref(optimizer), True, None
+        self._others.clear()
+        return True
 
     def prepare_ids(self) -> None:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them."""

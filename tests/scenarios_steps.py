@@ -114,6 +114,9 @@ def stragglers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         opt.zero_grad()
     done = _wait_for_windows(1)
     phase1 = {**_gauges(), "windows": done}
+    # Done with this optimizer: the next one leads the steps from its first step. (With both alive, the
+    # second would take over at its second step, the phase change costing one step boundary.)
+    del opt
     plain = _mlp()
     opt2 = torch.optim.SGD(plain.parameters(), lr=0.01)
     for _ in range(10):

@@ -310,3 +310,47 @@ def test_queued_work_of_a_training_step_is_untracked_by_the_collector(gloo_alone
         gc.collect()
     assert not [entry for entry in queued if gc.is_tracked(entry)]
     otel.flush(60)
+
+
+def test_two_optimizers_an_iteration_are_one_step(fake_pg, instrumented):
+    """A GAN's two optimizers (or parameter groups split over two) step once each per iteration: one
+    training step per iteration, the later ones holding both optimizer steps; an optimizer that replaces
+    the lead takes over."""
+    import torch
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="gan")
+    gen, critic = torch.nn.Linear(4, 4), torch.nn.Linear(4, 4)
+    opt_c, opt_g = torch.optim.SGD(critic.parameters(), lr=0.1), torch.optim.SGD(gen.parameters(), lr=0.1)
+    for _ in range(5):
+        critic(torch.ones(2, 4)).sum().backward()
+        opt_c.step()
+        gen(torch.ones(2, 4)).sum().backward()
+        opt_g.step()
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = {s["spanId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    per_step = defaultdict(list)
+    for s in spans:
+        if s["name"] == n.SPAN_OPTIMIZER_STEP:
+            per_step[steps[s["parentSpanId"]]].append(s["attributes"][n.OPT_CLASS])
+    # the first iteration's critic step ends step 1, before the pattern is known; then one per iteration
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 5
+    assert [len(per_step[i]) for i in range(3, 6)] == [2, 2, 2]
+
+
+def test_unnumbered_explicit_steps_start_at_one(fake_pg, instrumented):
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="unnumbered", trace_first_steps=3, trace_every_steps=0)
+    for _ in range(5):
+        with otel_torchdist.step():
+            dist.all_reduce(torch.ones(4))
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    assert sorted(s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP) == [1, 2, 3]
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 5

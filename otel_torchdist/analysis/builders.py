@@ -18,7 +18,8 @@ How the numbers are made:
 * **Stragglers**: collectives are matched across ranks by (process group name, sequence number); a rank's
   lateness at one is its start minus the earliest start. Step compute and wait come from the traced
   ``train.rank_step`` spans (the first step, which holds set-up, left out) and from the metrics' totals.
-  The score is the library's: ``(mean compute - lowest mean compute) / mean step time``.
+  The score is the library's (``stragglers.scores``): ``(median compute - lowest median compute) / median
+  step time``, over the traced steps; over the metrics' totals (means) when steps were not traced.
 * **Hangs**: each rank's last exported ``last_started_seq`` / ``last_completed_seq`` per group; the ranks
   whose started number is behind the group's highest never arrived at that collective.
 """
@@ -33,6 +34,7 @@ from typing import Any
 
 from .. import bandwidth as bw
 from .. import names as n
+from ..stragglers import scores as straggler_scores
 from .records import (
     Collective,
     Hang,
@@ -671,6 +673,7 @@ class Analyzer:
             steps = per_rank.get(rank, [])
             k = len(steps)
             mean = (lambda xs: sum(xs) / len(xs) if xs else None)
+            median = (lambda xs: statistics.median(xs) if xs else None)
             d = mean([s.duration_s for s in steps])
             c = mean([s.compute_s for s in steps if s.compute_s is not None])
             w = mean([s.wait_s for s in steps if s.wait_s is not None])
@@ -691,15 +694,17 @@ class Analyzer:
                     max_late_s=a[2] if a else None,
                     last_arrivals=int(a[3]) if a else 0,
                     score=None,
+                    median_compute_s=median([s.compute_s for s in steps if s.compute_s is not None]),
+                    median_step_s=median([s.duration_s for s in steps]),
                 )
             )
         # score over traced steps when every rank has some, else over the metrics' totals
-        from_traces = len(rows) > 1 and all(r.mean_compute_s is not None and r.mean_step_s for r in rows)
+        from_traces = len(rows) > 1 and all(r.median_compute_s is not None and r.median_step_s for r in rows)
         if from_traces:
-            step_mean = sum(r.mean_step_s for r in rows) / len(rows)  # type: ignore[misc]
-            low = min(r.mean_compute_s for r in rows)  # type: ignore[type-var]
+            windows = {r.rank: {"compute_median": r.median_compute_s, "duration_median": r.median_step_s} for r in rows}
+            per_rank, _ = straggler_scores(windows)  # type: ignore[arg-type]
             for r in rows:
-                r.score = (r.mean_compute_s - low) / step_mean if step_mean > 0 else None  # type: ignore[operator]
+                r.score = per_rank[r.rank]
         elif len(rows) > 1 and all(r.rank in totals and totals[r.rank].steps for r in rows):
             per_step = {r.rank: totals[r.rank].compute_s / totals[r.rank].steps for r in rows}
             step_mean = sum(totals[r].total_s / totals[r].steps for r in per_step) / len(per_step)
@@ -767,9 +772,11 @@ class Analyzer:
             )
         text = f"rank {best.rank} is the slowest (score {best.score:.2f}"
         if from_traces:
-            low = min(r.mean_compute_s for r in scored)  # type: ignore[type-var]
-            text += f": {(best.mean_compute_s - low) * 1e3:.1f} ms more compute per step than the fastest rank"  # type: ignore[operator]
-        text += f", {best.score * 100:.0f}% of a mean step, {where})"
+            low = min(r.median_compute_s for r in scored)  # type: ignore[type-var]
+            text += f": {(best.median_compute_s - low) * 1e3:.1f} ms more compute per step than the fastest rank, medians"  # type: ignore[operator]
+            text += f", {best.score * 100:.0f}% of a median step, {where})"
+        else:
+            text += f", {best.score * 100:.0f}% of a mean step, {where})"
         if best.matched:
             text += (
                 f"; it started last at {best.last_arrivals} of {best.matched} matched collectives, "

@@ -170,8 +170,11 @@ class StragglerRow:
     last_arrivals: int
     """Matched collectives this rank was the last to start."""
     score: float | None
-    """(mean compute - lowest mean compute of any rank) / mean step time: how much of a step the others
-    spend waiting for this rank (the library's straggler score, over the same steps)."""
+    """(median compute - lowest median compute of any rank) / median step time: how much of a step the
+    others spend waiting for this rank (the library's straggler score, stragglers.scores, over these steps;
+    medians, so that one odd step does not name a rank that is not slow)."""
+    median_compute_s: float | None = None
+    median_step_s: float | None = None
 
 
 @dataclass(kw_only=True)

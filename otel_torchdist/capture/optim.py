@@ -27,7 +27,7 @@ from .c10d import _current_context
 
 _tls = threading.local()
 _handles: list[Any] = []
-# The step tracker's on_optimizer_step (steps.py), called (first, t_start, t_end, in_backward) after each
+# The step tracker's on_optimizer_step (steps.py), called (first, t_start, t_end, in_backward, optimizer) after each
 # outermost step; first: that optimizer's first step. It returns the deferred close of the training step
 # the optimizer step ends, which goes to the drain inside the optimizer step's own entry: one queued
 # tuple per training step instead of two.
@@ -158,7 +158,7 @@ def _post(optimizer, args, kwargs) -> None:
         t_start = st.t_start
         in_backward = _graph_task_id() != -1
         on_step = closer[0]
-        close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward)
+        close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward, optimizer)
         # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
         R.defer(
             _finished,
