@@ -40,6 +40,9 @@ _END_UNFINISHED = n.END_UNFINISHED
 _bus_factors: dict[tuple[str, int], float] = {}
 
 
+OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
+
+
 class Pipeline:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -155,7 +158,12 @@ class Pipeline:
         q = record.QUEUE
         count = 0
         with self._drain_lock:
-            self.offset_ns = time_ns() - perf_counter_ns()
+            # The wall clock, from the monotonic one: kept unless the wall clock stepped (NTP, by more than
+            # OFFSET_STEP_NS), since a fresh reading each drain moved it by a few hundred ns, and spans that
+            # touch (one step ends as the next begins) came out overlapping.
+            offset = time_ns() - perf_counter_ns()
+            if abs(offset - self.offset_ns) > OFFSET_STEP_NS:
+                self.offset_ns = offset
             while q:
                 try:
                     rec = q.popleft()
@@ -222,7 +230,8 @@ class Pipeline:
                 health.dropped("span")
         self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, rec[_ERROR] is not None, exemplar)
         seq = rec[_SEQ]
-        if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED:
+        # A collective that failed did not complete: counting it would tell the hang report it completed later.
+        if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED and rec[_ERROR] is None:
             gi.last_completed = seq
 
     def stop_tracing(self) -> None:

@@ -133,6 +133,7 @@ class Watchdog:
             (n.COLL_GROUP_LABEL, gi.label),
             (n.COLL_GROUP_SIZE, gi.size),
             (n.COLL_GROUP_RANK, gi.rank),
+            (n.COLL_GROUP_RANKS, tuple(gi.global_ranks)),  # who should be there: the analysis names who never arrived
             (n.COLL_SEQ, seq),
             (n.HANG_WAITED, age),
             (n.HANG_THRESHOLD, self.threshold),

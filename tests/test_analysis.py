@@ -304,6 +304,19 @@ def test_hang_report_with_a_silent_rank_and_without_a_hang():
     assert "rank 2 never arrived" in builders.hang_report(stuck).verdict
 
 
+def test_a_hang_in_a_subgroups_first_collective_names_the_member_that_never_arrived():
+    # Group "pair" = ranks 1, 2; rank 1 is stuck in its first collective there, rank 2 never issued it, so
+    # rank 2 has no metric for the group yet: only the hang span says who the members are.
+    records = resources(3) + [_seq_snapshot(0, 3, 3), _seq_snapshot(1, 3, 3), _seq_snapshot(2, 3, 3)]
+    records += [_seq_snapshot(1, 1, 0, group="pair")]
+    records += [Hang(rank=1, op="all_reduce", group="pair", group_name="1", seq=1, waited_s=1.9, threshold_s=1.5,
+                     start_ns=0, end_ns=1, group_ranks=(1, 2))]
+    table = builders.hang_report(records)
+    (pair,) = [g for g in table.groups if g.group == "pair"]
+    assert pair.members == [1, 2] and pair.never_arrived == [2] and pair.waiting == [1]
+    assert "pair: rank 2 never arrived at all_reduce sequence number 1" in table.verdict
+
+
 def test_hang_report_from_spans_alone():
     # A Jaeger download: no metrics. Ranks 1 and 2 reported a hang at seq 3; rank 0's last span is seq 2.
     records = [coll(r, seq=s, n_ranks=3) for r in range(3) for s in (1, 2)]

@@ -354,3 +354,47 @@ def test_unnumbered_explicit_steps_start_at_one(fake_pg, instrumented):
     spans = read_spans(f"{folder}/traces.rank0.jsonl")
     assert sorted(s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP) == [1, 2, 3]
     assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 5
+
+
+def test_a_failed_collective_does_not_count_as_completed(fake_pg, instrumented):
+    """An async collective that fails at completion (its peer died) did not complete: the group's last
+    completed sequence number, which the hang report reads, stays where it was."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+    from otel_torchdist.capture import groups
+    from otel_torchdist.capture import record as R
+
+    instrumented(run_id="failed")
+    dist.all_reduce(torch.ones(4))
+    pipeline = runtime.current().pipeline
+    pipeline.drain()
+    gi = groups.info(fake_pg)
+    done = gi.last_completed
+    rec = R.new("all_reduce", "all_reduce", "c10d", gi.gid)
+    rec[R.SEQ], rec[R.T_START], rec[R.T_END], rec[R.END] = done + 1, 1, 2, n.END_FUTURE
+    rec[R.NBYTES], rec[R.ASYNC] = 16, True
+    rec[R.ERROR] = ("RuntimeError", "Connection closed by peer")
+    pipeline.process(tuple(rec))
+    assert gi.last_completed == done
+    otel_torchdist.uninstrument()
+
+
+def test_span_times_keep_one_clock_offset(fake_pg, instrumented):
+    """Monotonic to wall-clock: one offset, not a fresh reading per drain that moved touching spans (one
+    step ends as the next begins) apart or into each other by hundreds of nanoseconds."""
+    import time
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+
+    instrumented(run_id="offset")
+    pipeline = runtime.current().pipeline
+    offset = pipeline.offset_ns
+    for _ in range(5):
+        time.sleep(0.01)
+        pipeline.drain()
+    assert pipeline.offset_ns == offset
+    otel_torchdist.uninstrument()

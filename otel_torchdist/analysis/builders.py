@@ -300,6 +300,8 @@ class Analyzer:
         self.span_ranks.add(h.rank)
         if len(self.hang_spans) < MAX_LISTED:
             self.hang_spans.append(h)
+        if h.group_ranks and (h.rank, h.group) not in self.members:
+            self.members[(h.rank, h.group)] = h.group_ranks  # a rank stuck in a group's first collective
 
     def _warning(self, w: WarningRecord) -> None:
         self.warnings_total += 1

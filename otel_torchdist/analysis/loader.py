@@ -189,6 +189,7 @@ def span_record(
                 threshold_s=a.get(n.HANG_THRESHOLD),
                 start_ns=start_ns,
                 end_ns=end_ns,
+                group_ranks=tuple(a[n.COLL_GROUP_RANKS]) if isinstance(a.get(n.COLL_GROUP_RANKS), list) else None,
             )
         )
     elif name == n.SPAN_RANK_STEP:

@@ -115,6 +115,8 @@ class Hang:
     threshold_s: float | None
     start_ns: int
     end_ns: int
+    group_ranks: tuple[int, ...] | None = None
+    """The group's member global ranks (hang spans carry them: the rank that never arrived is among them)."""
 
 
 @dataclass(slots=True, kw_only=True)
