@@ -214,7 +214,7 @@ def run(args: DemoArgs) -> str:
     folder = os.path.abspath(os.path.join(args.run_dir, run_id))
     options = instrument_options()
     print(
-        f"otel-torchdist demo: {args.nproc} ranks, {backend}, {args.steps} steps{each} of {describe(args.model)} "
+        f"otel-torchdist demo: {args.nproc} rank{'s' if args.nproc != 1 else ''}, {backend}, {args.steps} steps{each} of {describe(args.model)} "
         f"(run {run_id})\n  {destinations(folder, options)}",
         file=sys.stderr,
         flush=True,

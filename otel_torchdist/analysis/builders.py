@@ -888,7 +888,7 @@ class Analyzer:
         if rows:
             step_ranks = sorted({r for ranks in self.rank_steps.values() for r in ranks})
             source = (
-                f"{len(rows)} traced steps (train.rank_step spans of rank{'s' if len(step_ranks) > 1 else ''} "
+                f"{len(rows)} traced step{'s' if len(rows) != 1 else ''} (train.rank_step spans of rank{'s' if len(step_ranks) > 1 else ''} "
                 f"{fmt_ranks(step_ranks)}); totals: metrics, every step"
             )
         elif totals:

@@ -36,7 +36,7 @@ def header(report: Report, title: str = "otel-torchdist analyze") -> list[str]:
     steps = f"{len(traced)} traced step{'s' if len(traced) != 1 else ''}" + (f" ({_steps_span(traced)})" if traced else "")
     lines.append(
         f"  read {run.files} file{'s' if run.files != 1 else ''}, {run.lines} line{'s' if run.lines != 1 else ''}: {run.spans} spans "
-        f"({run.collective_spans} collectives, {steps}), {run.metric_snapshots} metric exports"
+        f"({run.collective_spans} collectives, {steps}), {run.metric_snapshots} metric export{'s' if run.metric_snapshots != 1 else ''}"
     )
     for note in run.notes:
         lines.append(f"  note: {note}")
