@@ -152,16 +152,23 @@ ATTEMPT_POLL_S = 0.05
 ATTEMPT_TIMEOUT = datetime.timedelta(seconds=10)
 
 
+_attempt_agreed: list[Any] = [None, None]  # [weak reference to the default group, attempt value]
+
+
 def _agree_attempt(rank: int, restart: int) -> str:
     """Rank 0 writes a fresh value with its write time; the others take the first one written after they
     started (bounded wait). On failure, the restart count: shared by the ranks of a node, at least."""
     from torch.distributed import distributed_c10d as c10d
 
     try:
+        pg = c10d._get_default_group()
+        if _attempt_agreed[0] is not None and _attempt_agreed[0]() is pg:
+            return _attempt_agreed[1]  # instrument() again on this group: a value agreed before (see _agreed)
         store = c10d._get_default_store()
         if rank == 0:
             value = secrets.token_hex(4)
             store.set(ATTEMPT_KEY, f"{time.time():.6f} {value}")
+            _attempt_agreed[:] = [weakref.ref(pg), value]
             return value
         started = process_start_time() - ATTEMPT_CLOCK_SLACK_S
         deadline = time.monotonic() + ATTEMPT_TIMEOUT.total_seconds()
@@ -169,6 +176,7 @@ def _agree_attempt(rank: int, restart: int) -> str:
             store.wait([ATTEMPT_KEY], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
             written, value = store.get(ATTEMPT_KEY).decode().split(" ", 1)
             if float(written) >= started:
+                _attempt_agreed[:] = [weakref.ref(pg), value]
                 return value
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"only a previous attempt's value (written at {written})")
