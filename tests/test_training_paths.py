@@ -361,3 +361,28 @@ def test_checkpoint_spans_and_optimizer_in_backward(tmp_path_factory):
     steps = [s for s in spans if s["name"] == n.SPAN_OPTIMIZER_STEP]
     assert len(steps) == result["params"]  # one step per parameter, inside backward
     assert all(_a(s, n.OPT_IN_BACKWARD) is True for s in steps)
+
+
+def test_ddp_with_its_own_mixed_precision_hook_is_recorded_not_refused(instrumented):
+    """DDP(mixed_precision=...) registers its own comm hook in __init__: the trampoline stays out (the
+    reducer takes one hook) and the model is still recorded, with no error."""
+    import torch
+    import torch.distributed as dist
+    from torch.distributed.fsdp import MixedPrecision
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist import health
+
+    health.reset()
+    folder = instrumented(run_id="mixed")
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, True), rank=0, world_size=1)
+    try:
+        model = DDP(torch.nn.Linear(4, 4), mixed_precision=MixedPrecision(param_dtype=torch.float16))
+        assert model._get_ddp_logging_data()["comm_hook"] == "_reducer_allreduce_and_upcast_hook"
+        otel_torchdist.uninstrument()  # (training it needs a GPU: its hook records stream events)
+    finally:
+        dist.destroy_process_group()
+    assert health.errors() == {}
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    assert [s["name"] for s in spans].count(n.SPAN_DDP_INIT) == 1

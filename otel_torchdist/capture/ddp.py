@@ -297,6 +297,8 @@ def _first(fut: torch.futures.Future) -> torch.Tensor:
 def _install_trampoline(ddp: Any) -> None:
     if ddp in _state or getattr(ddp, "reducer", None) is None:
         return
+    if ddp._get_ddp_logging_data().get("comm_hook"):
+        return  # a hook is in already (DDP's own mixed-precision hook, say): the reducer takes no second
     trampoline = _Trampoline(ddp)
     # Straight to the reducer, not through register_comm_hook: that would add the trampoline to
     # ddp._comm_hooks, which DDP's compiled-autograd path calls with (grad, param) tuples.
