@@ -167,8 +167,10 @@ def test_straggler_run_names_the_slow_rank(runs, capsys):
     rows = {r["rank"]: r for r in st["rows"]}
     # This run shares 2 cores with the demo and the hang run (8 processes): every step is longer, so the
     # slow rank's share of it is smaller than alone; what must hold is that it stands out.
+    # (The 100 ms is a known share of a step only alone; under that contention another rank's median
+    # compute moves by a few tens of ms, so the margin asked is 20 % of a step, not a ratio.)
     others = max(rows[0]["score"], rows[2]["score"])
-    assert rows[1]["score"] > 0.2 and rows[1]["score"] > 2 * others, rows
+    assert rows[1]["score"] > 0.2 and rows[1]["score"] - others > 0.2, rows
     assert rows[1]["last_arrivals"] >= 0.6 * rows[1]["matched"] > 0
     assert rows[1]["mean_wait_s"] < rows[0]["mean_wait_s"]
     code, out, _ = run_cli(capsys, "analyze", runs.strag)

@@ -25,12 +25,12 @@ def _queued_span_names() -> list[str]:
 
 
 def test_redistribute_in_an_untraced_step_queues_no_span_and_keeps_its_collectives_framework(fake_pg, instrumented):
-    # Steps count from 1, begun by instrument(): the loop's first step_begin() starts step 2, the last traced.
-    folder = instrumented(trace_first_steps=2, trace_every_steps=1000, drain_interval=3600.0)
+    # Steps count from 1, begun by instrument(): the loop's first step_begin() continues step 1, the last traced.
+    folder = instrumented(trace_first_steps=1, trace_every_steps=1000, drain_interval=3600.0)
     mesh = init_device_mesh("cpu", (4,))
     sharded = distribute_tensor(torch.ones(8, 4), mesh, [Shard(0)])
     before = len(_queued_span_names())
-    for _ in range(3):  # step 2 traced, steps 3 and 4 not
+    for _ in range(3):  # step 1 traced, steps 2 and 3 not
         otel_torchdist.step_begin()
         sharded.redistribute(mesh, [Replicate()]).to_local()
         otel_torchdist.step_end()
