@@ -64,6 +64,7 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
 
 _prefixes: dict[str, Any] = {}
 
+_TAKEOVER = "takeover"  # what _closes returns (true) when another optimizer takes the lead
 TAKEOVER_STEPS = 2  # in a row without the lead: a new phase (the lead replaced), or a WGAN critic (steps follow it)
 
 
@@ -320,8 +321,11 @@ class StepTracker:
         stepping each iteration, only one closes steps (see ``_closes``)."""
         if self.explicit or in_backward:  # optimizer-in-backward steps each parameter, not the loop
             return None
-        if optimizer is not None and not self._closes(optimizer):
-            return None
+        if optimizer is not None:
+            closes = self._closes(optimizer)
+            if not closes:
+                return None
+            first = first or closes is _TAKEOVER  # a new phase's first step holds its set-up: warm-up too
         lock = self._lock
         lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
         try:
@@ -331,7 +335,7 @@ class StepTracker:
             lock.release()
         return close
 
-    def _closes(self, optimizer: Any) -> bool:
+    def _closes(self, optimizer: Any) -> Any:
         """Whether this optimizer's step ends the training step: the *lead*'s does, so that a GAN's two
         optimizers (or parameter groups split over two) do not count each iteration twice. The first
         optimizer to step leads until it steps again: if others stepped in between, the iteration ends with
@@ -358,7 +362,7 @@ class StepTracker:
             return False
         self._lead, self._settled, self._last_other = weakref.ref(optimizer), True, None
         self._others.clear()
-        return True
+        return _TAKEOVER
 
     def prepare_ids(self) -> None:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them."""

@@ -398,3 +398,29 @@ def test_span_times_keep_one_clock_offset(fake_pg, instrumented):
         pipeline.drain()
     assert pipeline.offset_ns == offset
     otel_torchdist.uninstrument()
+
+
+def test_a_new_optimizer_taking_over_is_warm_up_not_slow(fake_pg, instrumented):
+    """A second training phase with its own optimizer (the first still referenced): the step in which it
+    takes over holds the phase's set-up and is not called slow."""
+    import time
+
+    import torch
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="phases", trace_every_steps=1000)
+    model = torch.nn.Linear(4, 4)
+    first = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(8):
+        model(torch.ones(2, 4)).sum().backward()
+        time.sleep(0.01)
+        first.step()
+    second = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(8):
+        model(torch.ones(2, 4)).sum().backward()
+        time.sleep(0.5 if i == 0 else 0.01)  # the new phase's set-up
+        second.step()
+    otel_torchdist.uninstrument()
+    warnings = [s for s in read_spans(f"{folder}/traces.rank0.jsonl") if s["name"] == n.SPAN_WARNING]
+    assert warnings == [] and first is not None
