@@ -93,10 +93,20 @@ def sanitize(raw: str) -> str:
     return "".join(c if (c.isalnum() or c in "-_.") else "-" for c in raw)[:128]
 
 
-# The run id agreed on the current default group: instrument() again on the same group (after
-# uninstrument()) keeps it, since the key stays in the store and a rank reading before rank 0 writes again
-# would take the old id while rank 0 made a new one.
-_agreed: list[Any] = [None, None]  # [weak reference to the default group, run id]
+# What the ranks agreed through the store, by key, with the default group it was agreed on: instrument()
+# again on the same group (after uninstrument()) keeps it, since the key stays in the store and a rank
+# reading before rank 0 writes again would take the old value while rank 0 made a new one.
+_agreed: dict[str, tuple[Any, str]] = {}  # store key -> (weak reference to the default group, value)
+
+
+def _agreed_before(key: str, pg: Any) -> str | None:
+    found = _agreed.get(key)
+    return found[1] if found is not None and found[0]() is pg else None
+
+
+def _remember(key: str, pg: Any, value: str) -> str:
+    _agreed[key] = (weakref.ref(pg), value)
+    return value
 
 
 def _agree_run_id(rank: int) -> str:
@@ -105,8 +115,9 @@ def _agree_run_id(rank: int) -> str:
 
     try:
         pg = c10d._get_default_group()
-        if _agreed[0] is not None and _agreed[0]() is pg:
-            return _agreed[1]
+        before = _agreed_before(STORE_KEY, pg)
+        if before is not None:
+            return before
         store = c10d._get_default_store()
         if rank == 0:
             run_id = new_run_id()
@@ -114,8 +125,7 @@ def _agree_run_id(rank: int) -> str:
         else:
             store.wait([STORE_KEY], STORE_TIMEOUT)
             run_id = store.get(STORE_KEY).decode()
-        _agreed[:] = [weakref.ref(pg), run_id]
-        return run_id
+        return _remember(STORE_KEY, pg, run_id)
     except Exception as exc:
         run_id = new_run_id()
         if dist.get_backend() == "fake":
@@ -152,9 +162,6 @@ ATTEMPT_POLL_S = 0.05
 ATTEMPT_TIMEOUT = datetime.timedelta(seconds=10)
 
 
-_attempt_agreed: list[Any] = [None, None]  # [weak reference to the default group, attempt value]
-
-
 def _agree_attempt(rank: int, restart: int) -> str:
     """Rank 0 writes a fresh value with its write time; the others take the first one written after they
     started (bounded wait). On failure, the restart count: shared by the ranks of a node, at least."""
@@ -162,22 +169,21 @@ def _agree_attempt(rank: int, restart: int) -> str:
 
     try:
         pg = c10d._get_default_group()
-        if _attempt_agreed[0] is not None and _attempt_agreed[0]() is pg:
-            return _attempt_agreed[1]  # instrument() again on this group: a value agreed before (see _agreed)
+        before = _agreed_before(ATTEMPT_KEY, pg)
+        if before is not None:
+            return before
         store = c10d._get_default_store()
         if rank == 0:
             value = secrets.token_hex(4)
             store.set(ATTEMPT_KEY, f"{time.time():.6f} {value}")
-            _attempt_agreed[:] = [weakref.ref(pg), value]
-            return value
+            return _remember(ATTEMPT_KEY, pg, value)
         started = process_start_time() - ATTEMPT_CLOCK_SLACK_S
         deadline = time.monotonic() + ATTEMPT_TIMEOUT.total_seconds()
         while True:
             store.wait([ATTEMPT_KEY], datetime.timedelta(seconds=max(0.001, deadline - time.monotonic())))
             written, value = store.get(ATTEMPT_KEY).decode().split(" ", 1)
             if float(written) >= started:
-                _attempt_agreed[:] = [weakref.ref(pg), value]
-                return value
+                return _remember(ATTEMPT_KEY, pg, value)
             if time.monotonic() >= deadline:
                 raise TimeoutError(f"only a previous attempt's value (written at {written})")
             time.sleep(ATTEMPT_POLL_S)

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import atexit
 import functools
-import json
 import logging
 import multiprocessing.util
 import os
@@ -305,18 +304,10 @@ class Runtime:
     def _write_json(self, name: str, doc: Any) -> None:
         if not self.folder:
             return
-        path = os.path.join(self.folder, name)
         try:
-            # Whole or not at all: a full disk left an empty summary in place of the last good one.
-            with open(path + ".tmp", "w", encoding="utf-8") as f:
-                json.dump(doc, f, indent=1, default=str)
-            os.replace(path + ".tmp", path)
+            _sinks.write_json_whole(os.path.join(self.folder, name), doc, indent=1)
         except OSError as exc:
             health.error("run_folder", f"cannot write {name} in the run folder", exc)
-            try:
-                os.unlink(path + ".tmp")
-            except OSError:
-                pass
 
     def _speaks(self, ident: Identity) -> bool:
         return self.cfg.summary == "all" or (self.cfg.summary == "rank0" and ident.rank == 0)

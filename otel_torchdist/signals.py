@@ -101,11 +101,9 @@ def install(
             return
         if callable(previous):
             flush_only()
-            previous(signum, frame)
-            return
-        flush_once()
-        signal.signal(signal.SIGTERM, signal.SIG_DFL)
-        os.kill(os.getpid(), signal.SIGTERM)
+        else:
+            flush_once()
+        _act(signum, frame, previous)
 
     signal.signal(signal.SIGTERM, handler)
     _state.update(previous=previous, handler=handler)
@@ -153,12 +151,8 @@ def install(
     _state.update(watcher=watcher, stop=stop)
 
 
-def deliver_pending() -> None:
-    """After a flush that a SIGTERM interrupted: act on it now, as the handler would have."""
-    if not _pending or threading.current_thread() is not threading.main_thread():
-        return
-    signum, frame, previous = _pending.pop()
-    _pending.clear()
+def _act(signum: int, frame: Any, previous: Any) -> None:
+    """What SIGTERM does once telemetry is flushed: the chained handler, else death by SIGTERM."""
     if callable(previous):
         previous(signum, frame)
         return
@@ -166,23 +160,38 @@ def deliver_pending() -> None:
     os.kill(os.getpid(), signal.SIGTERM)
 
 
+def deliver_pending() -> None:
+    """After a flush that a SIGTERM interrupted: act on it now, as the handler would have."""
+    if not _pending or threading.current_thread() is not threading.main_thread():
+        return
+    signum, frame, previous = _pending.pop()
+    _pending.clear()
+    _act(signum, frame, previous)
+
+
+def _put_back(stop_watcher: bool) -> None:
+    """The program's own hook, handler and wakeup descriptor back where they are still ours; the pipe closed."""
+    if sys.excepthook is _state.get("excepthook"):
+        sys.excepthook = _state["previous_hook"]
+    if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
+        signal.signal(signal.SIGTERM, _state["previous"])
+    if "write_fd" in _state:
+        held = signal.set_wakeup_fd(-1)
+        if held != _state["write_fd"]:
+            signal.set_wakeup_fd(held)  # someone set theirs since (asyncio): it stays
+        if stop_watcher:
+            _state["stop"].set()
+            os.write(_state["write_fd"], b"\0")  # wakes the watcher's read; it sees the stop flag
+            _state["watcher"].join(timeout=1.0)
+        os.close(_state["write_fd"])
+        os.close(_state["read_fd"])
+
+
 def uninstall() -> None:
     if not _state or threading.current_thread() is not threading.main_thread():
         return
     try:
-        if sys.excepthook is _state.get("excepthook"):
-            sys.excepthook = _state["previous_hook"]
-        if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
-            signal.signal(signal.SIGTERM, _state["previous"])
-        if "write_fd" in _state:
-            held = signal.set_wakeup_fd(-1)
-            if held != _state["write_fd"]:
-                signal.set_wakeup_fd(held)  # someone set theirs since (asyncio): it stays
-            _state["stop"].set()
-            os.write(_state["write_fd"], b"\0")  # wakes the watcher's read; it sees the stop flag
-            _state["watcher"].join(timeout=1.0)
-            os.close(_state["write_fd"])
-            os.close(_state["read_fd"])
+        _put_back(stop_watcher=True)
     except Exception as exc:
         health.error("signal", "could not restore the SIGTERM handler", exc)
     _state.clear()
@@ -191,20 +200,12 @@ def uninstall() -> None:
 def forget_in_child() -> None:
     """In a forked child (a DataLoader worker): the wakeup pipe is the parent's, so a SIGTERM sent to the
     child (``Process.terminate()``) would reach the parent's watcher and end the parent; and the handlers
-    would flush a runtime the child does not run. The child gets the program's own handlers back."""
+    would flush a runtime the child does not run. The child gets the program's own handlers back (it has
+    no watcher thread to stop: threads do not survive a fork)."""
     if not _state:
         return
     try:
-        if "write_fd" in _state:
-            held = signal.set_wakeup_fd(-1)
-            if held != _state["write_fd"]:
-                signal.set_wakeup_fd(held)
-            os.close(_state["write_fd"])
-            os.close(_state["read_fd"])
-        if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
-            signal.signal(signal.SIGTERM, _state["previous"])
-        if sys.excepthook is _state.get("excepthook"):
-            sys.excepthook = _state["previous_hook"]
+        _put_back(stop_watcher=False)
     except Exception:
         pass  # nothing to tell: the child's own handlers may already be in place
     _state.clear()

@@ -92,7 +92,7 @@ def test_an_elastic_attempt_ignores_the_value_a_previous_attempt_left(monkeypatc
 
     from otel_torchdist import identity
 
-    monkeypatch.setattr(identity, "_attempt_agreed", [None, None])
+    monkeypatch.setattr(identity, "_agreed", {})
     dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, True), rank=0, world_size=1)
     try:
         store = c10d._get_default_store()
@@ -106,9 +106,9 @@ def test_an_elastic_attempt_ignores_the_value_a_previous_attempt_left(monkeypatc
         writer.join()
         store.set(identity.ATTEMPT_KEY, f"{time.time():.6f} later")
         assert identity._agree_attempt(1, 2) == "fresh"  # instrument() again on this group: what was agreed
-        monkeypatch.setattr(identity, "_attempt_agreed", [None, None])  # as on a new group
+        monkeypatch.setattr(identity, "_agreed", {})  # as on a new group
         mine = identity._agree_attempt(0, 2)  # rank 0 writes a new value, which the others then take
-        monkeypatch.setattr(identity, "_attempt_agreed", [None, None])
+        monkeypatch.setattr(identity, "_agreed", {})
         assert mine not in ("fresh", "stale", "later", "restart2") and identity._agree_attempt(1, 2) == mine
     finally:
         dist.destroy_process_group()

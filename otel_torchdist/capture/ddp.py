@@ -379,9 +379,7 @@ def _wrap_init(orig):
 def _register_comm_hook(self: Any, state: object, hook: Any) -> None:
     """DistributedDataParallel.register_comm_hook for a model with the trampoline: the hook becomes the
     trampoline's inner hook (the reducer accepts one registration only)."""
-    trampoline = _state.get(self)
-    if trampoline is None:
-        return type(self).register_comm_hook(self, state, hook)
+    trampoline = _state[self]  # bound on models with the trampoline only (_install_trampoline)
     if trampoline.user_hook_registered:
         # What the reducer itself says to a second registration.
         raise RuntimeError("register_comm_hook or register_builtin_comm_hook can only be called once.")
@@ -394,9 +392,7 @@ def _register_comm_hook(self: Any, state: object, hook: Any) -> None:
 
 def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
     """The same for DDP's builtin hooks: each maps to its Python twin (the trampoline runs Python hooks)."""
-    trampoline = _state.get(self)
-    if trampoline is None:
-        return type(self)._register_builtin_comm_hook(self, comm_hook_type)
+    trampoline = _state[self]
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
     python_twin = {

@@ -13,9 +13,7 @@ Prometheus' file service-discovery format), so nothing has to be guessed.
 
 from __future__ import annotations
 
-import json
 import logging
-import os
 import socket
 from collections.abc import Callable
 from typing import Any
@@ -27,6 +25,7 @@ from prometheus_client.samples import Exemplar
 from .. import health
 from .. import names as n
 from ..otlp import MetricData
+from .sinks import write_json_whole
 
 _log = logging.getLogger("otel_torchdist")
 
@@ -126,11 +125,7 @@ class PrometheusEndpoint:
 
     def write_target(self, path: str, labels: dict[str, str]) -> None:
         """A file-SD target file Prometheus can read: ``file_sd_configs: [{files: [".../prometheus-targets.*.json"]}]``."""
-        doc = [{"targets": [f"{self.scrape_host()}:{self.port}"], "labels": labels}]
-        tmp = path + ".tmp"
-        with open(tmp, "w", encoding="utf-8") as f:
-            json.dump(doc, f)
-        os.replace(tmp, path)
+        write_json_whole(path, [{"targets": [f"{self.scrape_host()}:{self.port}"], "labels": labels}])
 
     def stop(self) -> None:
         if self.server is not None:

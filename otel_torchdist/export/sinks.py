@@ -8,6 +8,7 @@ recovers, not once per batch: a dead backend costs training nothing but the coun
 from __future__ import annotations
 
 import gzip
+import json
 import logging
 import os
 import sys
@@ -88,6 +89,22 @@ def _append_whole(fd: int, data: bytes) -> None:
     except OSError:
         try:
             os.ftruncate(fd, start)
+        except OSError:
+            pass
+        raise
+
+
+def write_json_whole(path: str, doc: Any, indent: int | None = None) -> None:
+    """A JSON document in the run folder, whole or not at all: written beside it, then renamed over it (a
+    full disk left an empty file in place of the last good one). Raises OSError, leaving no temporary file."""
+    tmp = path + ".tmp"
+    try:
+        with open(tmp, "w", encoding="utf-8") as f:
+            json.dump(doc, f, indent=indent, default=str)
+        os.replace(tmp, path)
+    except OSError:
+        try:
+            os.unlink(tmp)
         except OSError:
             pass
         raise

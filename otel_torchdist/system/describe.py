@@ -18,7 +18,6 @@ evenly (every node runs as many ranks as this one); unknown otherwise, and then 
 
 from __future__ import annotations
 
-import json
 import os
 import platform
 from collections.abc import Mapping
@@ -27,6 +26,7 @@ from typing import Any
 import torch
 
 from .. import names as n
+from ..export.sinks import write_json_whole
 from .._version import __version__
 
 
@@ -133,8 +133,5 @@ def description(
 
 def write(folder: str, rank: int, doc: dict[str, Any]) -> str:
     path = os.path.join(folder, f"run-description.rank{rank}.json")
-    tmp = path + ".tmp"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(doc, f, indent=1, default=str)
-    os.replace(tmp, path)
+    write_json_whole(path, doc, indent=1)
     return path
