@@ -13,8 +13,9 @@ calls); their difference divided by the difference in length is the cost per ste
 
 * DDP (1 gloo rank, the MLP of bench_training.py): plain (no comm hook: what DDP does unless told
   otherwise), DDP's builtin C++ ``ALLREDUCE`` hook, the leanest Python comm hook possible (scale,
-  all-reduce, hand the tensor back: what any Python comm hook costs), torch's Python ``allreduce_hook``,
-  CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events,
+  all-reduce, hand the tensor back: what any Python comm hook costs), a Python process group under the
+  reducer instead of a hook (no scaling pass, but Python called from C++ per bucket), torch's Python
+  ``allreduce_hook``, CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events,
   counted) on the plain model, then instrumented with the default settings in steady state and with every
   step traced; FSDP2 plain and instrumented. A comm hook, any comm hook, costs DDP a pass over each bucket:
   without one the reducer scales gradients by 1/world size while copying them into the bucket; with one
@@ -148,6 +149,41 @@ def _ddp_child(args: argparse.Namespace) -> None:
     lean = DDP(_mlp())
     lean.register_comm_hook(dist.group.WORLD, leanest_hook)
     counted("DDP leanest Python hook", trainer(lean), warm=3)
+
+    # The other way to see DDP's buckets: no comm hook (so no scaling pass), a Python process group under the
+    # reducer instead. Its all-reduce reaches Python from C++, and the reducer gets a work whose future is a
+    # Python callback's, so that the completion is stamped before the training thread goes on.
+    class _Waited(dist._Work):
+        def __init__(self, fut):
+            super().__init__()
+            self._fut = fut
+
+        def get_future(self):
+            return self._fut
+
+        def wait(self, timeout=None):
+            self._fut.wait()
+            return True
+
+    def _value(fut):
+        return fut.value()
+
+    class ReducerGroup(dist.ProcessGroup):
+        def __init__(self, real):
+            super().__init__(real.rank(), real.size())
+            self._real = real
+            cpu = torch.device("cpu")
+            self._register_backend(cpu, dist.ProcessGroup.BackendType.GLOO, real._get_backend(cpu))
+            self._set_default_backend(dist.ProcessGroup.BackendType.GLOO)
+
+        def allreduce(self, tensors, opts):
+            return _Waited(self._real.allreduce(tensors, opts).get_future().then(_value))
+
+    if wanted("DDP Python process group"):
+        under_reducer = DDP(_mlp())
+        reducer_group = ReducerGroup(dist.group.WORLD)  # held: the reducer's reference keeps no Python object
+        under_reducer.reducer._update_process_group(reducer_group)
+        counted("DDP Python process group", trainer(under_reducer), warm=3)
 
     def debug_step():
         # One CommDebugMode per step: one across several steps trips over its own module stack.

@@ -71,6 +71,7 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     with profile(activities=[ProfilerActivity.CPU]) as prof:  # the oracle for the bucket all-reduces
         instrumented = _train(model, steps, rank)
     profiler_all_reduces = sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
+    profiler_broadcasts = sum(1 for e in prof.events() if e.name == "gloo:broadcast")  # the bucket rebuild
     sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
     calls: list[int] = []
 
@@ -84,7 +85,9 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     hooked = DDP(_mlp(), bucket_cap_mb=0.01, process_group=hook_group)
     # find_unused_parameters=True with nothing unused: a warning once DDP has seen enough iterations
     wasteful = DDP(_mlp(), find_unused_parameters=True, process_group=dist.new_group(list(range(ws)), group_desc="wasteful"))
-    _train(wasteful, 13, rank)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:  # buckets and the unused-parameter map
+        _train(wasteful, 13, rank)
+    wasteful_counts = Counter(e.name for e in prof.events() if e.name.startswith("gloo:"))
     hooked.register_comm_hook(hook_group, user_hook)
     second_registration = None
     try:
@@ -92,11 +95,17 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     except RuntimeError as exc:
         second_registration = str(exc)
     with_hook = _train(hooked, steps, rank)
+    # A model moved to another group (elastic shrinking, say): its buckets follow it, as DDP's own would.
+    moved = DDP(_mlp(), bucket_cap_mb=0.01, process_group=dist.new_group(list(range(ws)), group_desc="before_move"))
+    _train(moved, 1, rank)
+    moved._update_process_group(dist.new_group(list(range(ws)), group_desc="moved"))
+    _train(moved, 2, rank)
     import otel_torchdist
     from otel_torchdist.capture import record
 
     otel_torchdist.uninstrument()
     _train(model, 1, rank)  # the trampoline stays on the model: it must go on working, recording nothing
+    _train(wasteful, 1, rank)  # and so does the reducer's own group (the unused-parameter map goes through it)
     recorded_after = len(record.QUEUE)
     dist.destroy_process_group()
     return {
@@ -107,6 +116,9 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         "steps": steps,
         "hook_calls": len(calls),
         "profiler_all_reduces": profiler_all_reduces,
+        "profiler_broadcasts": profiler_broadcasts,
+        "wasteful_profiler": dict(wasteful_counts),
+        "parameters": len(list(model.parameters())),
         "second_registration": second_registration,
     }
 
