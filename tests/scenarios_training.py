@@ -357,18 +357,33 @@ def ddp_built_before_instrument(rank: int, ws: int, port: int, out: str, args: d
 
 def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """Parameters after training, uninstrumented and instrumented, for DDP as users run it: no comm hook
-    (default layout and gradient_as_bucket_view), and DDP's builtin C++ all-reduce hook."""
+    (default layout and gradient_as_bucket_view), DDP's builtin C++ all-reduce hook, and the paths where
+    the reducer issues collectives of its own (through the process group instrument() hands it): the
+    unused-parameter map, a static graph's delayed all-reduce, uneven inputs under Join."""
+    from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
+
+    def joined(model):  # rank r trains 2 + r steps: the ranks done first shadow the others' collectives
+        with Join([model]):
+            return _train(model, 2 + rank, rank)
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     variants = {
         "no hook": lambda: DDP(_mlp(), bucket_cap_mb=0.01),
         "gradient_as_bucket_view": lambda: DDP(_mlp(), bucket_cap_mb=0.01, gradient_as_bucket_view=True),
         "builtin ALLREDUCE hook": lambda: _with_builtin_hook(DDP(_mlp(), bucket_cap_mb=0.01)),
+        "find_unused_parameters": lambda: DDP(_mlp(), bucket_cap_mb=0.01, find_unused_parameters=True),
+        "static_graph": lambda: DDP(_mlp(), bucket_cap_mb=0.01, static_graph=True),
+        "Join, uneven inputs": lambda: DDP(_mlp(), bucket_cap_mb=0.01, find_unused_parameters=True),
     }
-    plain = {name: _train(make(), 3, rank) for name, make in variants.items()}
+    trainers = {"Join, uneven inputs": joined}
+
+    def train(name, model):
+        return trainers[name](model) if name in trainers else _train(model, 3, rank)
+
+    plain = {name: train(name, make()) for name, make in variants.items()}
     _instrument(out, f"numerics-ws{ws}")
-    instrumented = {name: _train(make(), 3, rank) for name, make in variants.items()}
+    instrumented = {name: train(name, make()) for name, make in variants.items()}
     _finish()
     return {name: all(torch.equal(a, b) for a, b in zip(plain[name], instrumented[name])) for name in variants}
 

@@ -53,7 +53,14 @@ def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(tmp_path_fact
     last bit. The trampoline must do what the model did uninstrumented."""
     job = _job(tmp_path_factory, "ddp_numerics", 3, "numerics")
     for rank, result in enumerate(job["results"]):
-        assert result == {"no hook": True, "gradient_as_bucket_view": True, "builtin ALLREDUCE hook": True}, rank
+        assert result == {
+            "no hook": True,
+            "gradient_as_bucket_view": True,
+            "builtin ALLREDUCE hook": True,
+            "find_unused_parameters": True,
+            "static_graph": True,
+            "Join, uneven inputs": True,
+        }, rank
 
 
 def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
