@@ -558,8 +558,6 @@ def adopt_existing() -> None:
         if type(obj) in classes and obj not in _state:
             try:
                 _attach_reducer_group(obj)
-                if obj._get_ddp_logging_data().get("comm_hook"):
-                    continue  # the user's own hook is registered; the reducer accepts no other
-                _install_trampoline(obj)
+                _install_trampoline(obj)  # not where a hook is registered already: the reducer takes no second
             except Exception as exc:
                 health.error("ddp", "could not instrument an existing DDP model", exc)

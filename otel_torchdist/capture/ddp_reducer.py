@@ -104,7 +104,7 @@ class ReducerGroup(dist.ProcessGroup):
     """Hands the reducer's calls to ``real`` and records them (``allreduce`` and ``broadcast``, all the
     reducer issues; anything else goes straight to the real group's backends, registered here too)."""
 
-    def __init__(self, real: Any) -> None:
+    def __init__(self, real: Any, info: groups.GroupInfo) -> None:
         super().__init__(real.rank(), real.size())
         registered = False
         for device in real._device_types:
@@ -118,7 +118,7 @@ class ReducerGroup(dist.ProcessGroup):
             raise RuntimeError("the group has no gloo backend to register")
         self._set_default_backend(_GLOO)
         self.real = real
-        self.info = groups.info(real)
+        self.info = info
 
     # ---------------------------------------------------------------------------- the reducer's calls
     # Not for Dynamo: under torch.compile(DDP(...)) the reducer rebuilds its buckets from a frame Dynamo is
@@ -181,10 +181,11 @@ BY_MODEL: dict[int, ReducerGroup] = {}
 def attach(ddp: Any) -> bool:
     """Give ``ddp``'s reducer a ReducerGroup over its group; False where it cannot take one."""
     group = ddp.process_group
-    if not eligible(group) or groups.info(group) is None:
+    info = groups.info(group) if eligible(group) else None
+    if info is None:
         return False
     key = id(ddp)
-    wrapper = ReducerGroup(group)
+    wrapper = ReducerGroup(group, info)
     ddp.reducer._update_process_group(wrapper)  # swaps the reducer's group under its lock, nothing else
     if key not in BY_MODEL:
         weakref.finalize(ddp, BY_MODEL.pop, key, None)
