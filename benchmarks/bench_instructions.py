@@ -153,7 +153,17 @@ def _ddp_child(args: argparse.Namespace) -> None:
     # The other way to see DDP's buckets: no comm hook (so no scaling pass), a Python process group under the
     # reducer instead. Its all-reduce reaches Python from C++, and the reducer gets a work whose future is a
     # Python callback's, so that the completion is stamped before the training thread goes on.
-    from otel_torchdist.capture.ddp_reducer import _Waited  # the work otel-torchdist hands the reducer
+    class _Waited(dist._Work):
+        def __init__(self, fut):
+            super().__init__()
+            self._fut = fut
+
+        def get_future(self):
+            return self._fut
+
+        def wait(self, timeout=None):
+            self._fut.wait()
+            return True
 
     def _value(fut):
         return fut.value()

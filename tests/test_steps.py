@@ -98,10 +98,8 @@ def test_rank_step_holds_its_collectives_optimizer_step_and_phases(steps_job):
                 by_step[steps[s["parentSpanId"]]["attributes"][n.STEP]].append(s)
         for step in (2, 4):
             names = sorted(c["name"] for c in by_step[step])
-            # DDP's gradient bucket, the optimizer step, and the forward / backward phases; in step 2 also the
-            # reducer's two broadcasts of its rebuilt bucket layout (DDP rebuilds in its second forward)
-            rebuild = ["broadcast", "broadcast"] if step == 2 else []
-            assert names == ["all_reduce", *rebuild, "optimizer.step", "train.phase", "train.phase"], (step, names)
+            # DDP's gradient bucket, the optimizer step, and the forward / backward phases
+            assert names == ["all_reduce", "optimizer.step", "train.phase", "train.phase"], (step, names)
             phases = sorted(c["attributes"][n.PHASE_NAME] for c in by_step[step] if c["name"] == n.SPAN_PHASE)
             assert phases == ["backward", "forward"]
         # every span of a traced step shares the step's trace; untraced steps left nothing

@@ -68,19 +68,12 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
         result = ddp_job["results"][rank]
         sizes = result["rebuilt_bucket_sizes"]
         assert len(sizes) >= 2, "the test model should need more than one bucket"
-        ddp = [
+        buckets = [
             s for s in _collectives(ddp_job["spans"][rank])
             if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) == "default_pg"
         ]  # fmt: skip
-        buckets = [s for s in ddp if _a(s, n.COLL_SOURCE) == "ddp_hook"]
         # Iteration 0 reduces one bucket with every gradient; the reducer then rebuilds its buckets.
         assert len(buckets) == result["profiler_all_reduces"]  # torch.profiler saw as many on the same steps
-        # The rebuild's broadcasts come from the reducer itself (the new layout from rank 0), in a forward.
-        rebuild = [s for s in ddp if _a(s, n.COLL_SOURCE) == "ddp_reducer"]
-        assert len(rebuild) == result["profiler_broadcasts"] == 2
-        for s in rebuild:
-            assert s["name"] == "broadcast" and _a(s, n.COLL_ROOT) == 0 and _a(s, n.COLL_PHASE) == "forward"
-            assert _a(s, n.COLL_DTYPE) == "int32" and _a(s, n.COLL_END_SOURCE) == "future"
         first = [s for s in buckets if _a(s, n.DDP_BUCKET_BYTES) == sum(sizes)]
         rest = [s for s in buckets if s not in first]
         assert len(first) == 1
@@ -98,33 +91,14 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
         assert {_a(s, n.DDP_BUCKET_INDEX) for s in lasts} == {len(sizes) - 1}
 
 
-def test_ddp_reducers_own_collectives_agree_with_the_profiler(ddp_job):
-    """find_unused_parameters=True: the reducer all-reduces the map of used parameters each backward, from
-    C++; with the buckets and the rebuild's broadcasts, the records count what torch.profiler counted."""
-    for rank in range(ddp_job["ws"]):
-        result = ddp_job["results"][rank]
-        wasteful = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "wasteful"]
-        trained = [s for s in wasteful if _a(s, n.COLL_FRAMEWORK) == "ddp"]  # not DDP's construction broadcast
-        ops = Counter(s["name"] for s in trained)
-        assert ops == Counter({name[len("gloo:"):]: count for name, count in result["wasteful_profiler"].items()})
-        maps = [s for s in trained if s["name"] == "all_reduce" and _a(s, n.COLL_SOURCE) == "ddp_reducer"]
-        assert len(maps) == 13  # one a backward
-        for s in maps:
-            assert _a(s, n.COLL_DTYPE) == "int32" and _a(s, n.COLL_PHASE) == "backward"
-            assert _a(s, n.COLL_MESSAGE_SIZE) == 4 * result["parameters"]
-            assert _a(s, n.COLL_END_SOURCE) == "future" and _a(s, n.COLL_ASYNC) is True
-
-
 def test_ddp_moved_to_another_group_reduces_its_buckets_there(ddp_job):
     """DistributedDataParallel._update_process_group: the trampoline's all-reduce follows the model (it
-    went on reducing over the old group), and so does the reducer's own group."""
+    went on reducing over the old group)."""
     for rank in range(ddp_job["ws"]):
         moved = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "moved"]
         buckets = [s for s in moved if _a(s, n.COLL_SOURCE) == "ddp_hook"]
         assert len(buckets) >= 2  # a bucket or more in each of the two steps after the move
         assert {_a(s, n.COLL_PHASE) for s in buckets} == {"backward"}
-        # The update makes DDP rebuild its buckets again: the reducer broadcasts the layout on the new group.
-        assert sum(1 for s in moved if _a(s, n.COLL_SOURCE) == "ddp_reducer") == 2
 
 
 def test_user_comm_hook_keeps_working_and_is_measured(ddp_job):
@@ -132,8 +106,7 @@ def test_user_comm_hook_keeps_working_and_is_measured(ddp_job):
     for rank in range(ws):
         result = ddp_job["results"][rank]
         hooked = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "hooked"]
-        # (the reducer's own broadcasts of its rebuilt layout are not the hook's)
-        bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_SOURCE) != "ddp_reducer"]
+        bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp"]
         assert result["hook_calls"] == len(bucket_records) > 0
         assert {_a(s, n.COLL_SOURCE) for s in bucket_records} == {"c10d"}
         # The trampoline's own records and those of the general path say the same things about a bucket.
@@ -352,11 +325,8 @@ def test_wasteful_ddp_configuration_warns(ddp_job):
 def test_ddp_built_before_instrument_gets_bucket_records(tmp_path_factory):
     job = _job(tmp_path_factory, "ddp_built_before_instrument", 2, "early")
     colls = _collectives(job["spans"][0])
-    ddp = [s for s in colls if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) != "bn"]
-    buckets = [s for s in ddp if _a(s, n.COLL_SOURCE) == "ddp_hook"]
+    buckets = [s for s in colls if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) != "bn"]
     assert len(buckets) == 1 + 2  # one bucket before the reducer rebuilds them, then two
-    # the adopted model's reducer got its recording group too: the rebuild's two broadcasts
-    assert [(s["name"], _a(s, n.COLL_SOURCE)) for s in ddp if s not in buckets] == [("broadcast", "ddp_reducer")] * 2
     assert all(_a(s, n.DDP_BUCKET_BYTES) == _a(s, n.COLL_MESSAGE_SIZE) for s in buckets)
     # after uninstrument() the adopted model takes a comm hook (the reducer alone would refuse a second)
     assert job["results"][0]["hook_calls_after_uninstrument"] >= 1

@@ -46,7 +46,7 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import c10d as c10d_capture
-from . import completion, context, ddp_reducer, emit, groups
+from . import completion, context, emit, groups
 from . import record as R
 from .c10d import _current_context
 
@@ -345,19 +345,8 @@ def record_model(
     emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=set_gauges if gauges else None)
 
 
-def _attach_reducer_group(ddp: Any) -> None:
-    """The reducer's own collectives (ddp_reducer), on gloo groups."""
-    if id(ddp) in ddp_reducer.BY_MODEL or getattr(ddp, "reducer", None) is None:
-        return
-    try:
-        ddp_reducer.attach(ddp)
-    except Exception as exc:
-        health.error("ddp", "could not give a DDP reducer its recording process group", exc)
-
-
 def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
     _install_trampoline(ddp)
-    _attach_reducer_group(ddp)
     record_model(
         ddp.module,
         t_start,
@@ -450,9 +439,6 @@ def _wrap_update_process_group(orig):
                 # The default all-reduce follows the model to its new group, as DDP's own does; a user's hook
                 # is the user's to update (DDP's documentation of this method says so).
                 trampoline.inner_state = new_process_group
-            if id(self) in ddp_reducer.BY_MODEL:  # the reducer now holds the new group itself
-                del ddp_reducer.BY_MODEL[id(self)]
-                _attach_reducer_group(self)
         except Exception as exc:
             health.error("ddp", "could not follow a DDP model to its new process group", exc)
 
@@ -530,7 +516,6 @@ def patches() -> list[Patch]:
 
     return [
         Patch(sys.modules[__name__], "_LIVE", lambda _: True),
-        Patch(ddp_reducer, "_LIVE", lambda _: True),
         Patch(DDP, "__init__", _wrap_init),
         Patch(DDP, "_update_process_group", _wrap_update_process_group),
         Patch(DDP, "forward", _wrap_forward),
@@ -557,7 +542,6 @@ def adopt_existing() -> None:
     for obj in gc.get_referrers(*classes):
         if type(obj) in classes and obj not in _state:
             try:
-                _attach_reducer_group(obj)
                 _install_trampoline(obj)  # not where a hook is registered already: the reducer takes no second
             except Exception as exc:
                 health.error("ddp", "could not instrument an existing DDP model", exc)
