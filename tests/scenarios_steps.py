@@ -101,8 +101,8 @@ def stragglers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     _instrument(out, f"stragglers-ws{ws}", straggler_exchange_steps=10)
-    # 100 ms: on a 2-core machine running 3 ranks, CPU contention alone moves a rank by ~10 ms a step
-    delay = args.get("delay", 0.1)
+    # 200 ms: on a loaded 2-core machine running 3 ranks, CPU contention alone moves a rank by 10-30 ms a step
+    delay = args.get("delay", 0.2)
     model = DDP(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for _ in range(10):
