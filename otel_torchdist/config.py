@@ -214,6 +214,15 @@ class Config:
     """Root of the run folders: each run writes ``<run_dir>/<run id>/`` (resource, Prometheus targets,
     summary, and the OTLP JSON lines of the file exporters). Env: ``OTEL_TORCHDIST_RUN_DIR``."""
 
+    file_max_bytes: int = 256 << 20
+    """Largest size of each JSON-lines file in the run folder (``traces.rank<R>.jsonl``,
+    ``metrics.rank<R>.jsonl``), in bytes; 0 = no limit. A file that would grow past it is renamed to
+    ``traces.rank<R>.1.jsonl`` (replacing the previous one) and a new file is started, as log rotation does,
+    so a rank's run folder holds at most twice this per signal however long the run. The spans of a
+    replaced file are counted (``torchdist_telemetry_dropped_total{kind="span_file_rotated"}``); metric
+    lines are cumulative snapshots, so a replaced metrics file loses only history. Env:
+    ``OTEL_TORCHDIST_FILE_MAX_BYTES``."""
+
     run_id: str | None = None
     """The run id shared by all ranks of one job. Env: ``OTEL_TORCHDIST_RUN_ID``; else ``TORCHELASTIC_RUN_ID``
     or ``SLURM_JOB_ID`` when set; else rank 0 makes one and shares it through the process group's store."""
@@ -322,6 +331,7 @@ class Config:
             _seconds(name, getattr(self, name))
         for name in ("metric_export_interval", "span_schedule_delay", "drain_interval"):
             _seconds(name, getattr(self, name), MIN_INTERVAL_S)
+        _integer("file_max_bytes", self.file_max_bytes, 0)
         for name in ("span_queue_size", "span_batch_size", "max_queued_records"):
             _integer(name, getattr(self, name), 1)
         _integer("prometheus_port", self.prometheus_port, 0, 65535)
@@ -601,6 +611,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_SDK_DISABLED", "disabled", _parse_bool),
     (PREFIX + "RUN_DIR", "run_dir", _parse_str),
     (PREFIX + "RUN_ID", "run_id", _parse_str),
+    (PREFIX + "FILE_MAX_BYTES", "file_max_bytes", _parse_int),
     (PREFIX + "MAX_QUEUED_RECORDS", "max_queued_records", _parse_int),
     (PREFIX + "DRAIN_INTERVAL_MS", "drain_interval", _parse_ms),
     (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),

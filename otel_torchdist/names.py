@@ -434,7 +434,7 @@ TELEMETRY_DROPPED = Metric(
     "counter",
     "{item}",
     "Telemetry items not exported, to protect training (kind=record|span|span_batch|metric_batch|"
-    "span_step_limit|straggler_window).",
+    "span_step_limit|span_file_rotated|straggler_window).",
     (M_RUN, M_RANK, M_KIND),
 )
 TELEMETRY_ERRORS = Metric(

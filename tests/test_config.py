@@ -74,6 +74,8 @@ def test_keyword_options_win_and_mappings_merge():
         ("OTEL_TORCHDIST_RUN_ID", "run/../../etc"),
         ("OTEL_TORCHDIST_SUMMARY", "everyone"),
         ("OTEL_TORCHDIST_MAX_QUEUED_RECORDS", "lots"),
+        ("OTEL_TORCHDIST_FILE_MAX_BYTES", "256MiB"),
+        ("OTEL_TORCHDIST_FILE_MAX_BYTES", "-1"),
         # past what threading can wait (it raised OverflowError from uninstrument() or a thread): a week at most
         ("OTEL_TORCHDIST_FLUSH_TIMEOUT_MS", "1e13"),
         ("OTEL_TORCHDIST_DRAIN_INTERVAL_MS", "1e13"),

@@ -874,3 +874,52 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     assert [json.loads(line)["i"] for line in lines] == [0, 1]  # the third was cut back, not left torn
     assert json.load(open(tmp_path / "summary.rank0.json")) == {"a": 1}
     assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")
+
+
+def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop(fake_pg, instrumented, capfd):
+    """A long run fills no disk: each JSON-lines file is rotated at ``file_max_bytes`` (one older copy
+    kept), whatever is deleted is counted, and the reader takes both copies in time order."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist import health
+    from otel_torchdist.analysis.loader import discover, iter_records
+    from otel_torchdist.analysis.records import Collective, MetricSnapshot
+
+    from .harness import collective_spans, read_metric_lines, read_spans
+
+    health.reset()
+    cap = 40_000
+    folder = instrumented(file_max_bytes=cap, span_batch_size=10, max_spans_per_step=0)
+    calls = 400
+    for i in range(calls):
+        dist.all_reduce(torch.ones(8))
+        if i % 20 == 19:
+            otel_torchdist.flush()  # a span line and a metric line every 20 calls
+    otel_torchdist.uninstrument()
+
+    current, older = (os.path.join(folder, f"traces.rank0{x}.jsonl") for x in ("", ".1"))
+    for path in (current, older, os.path.join(folder, "metrics.rank0.jsonl"), os.path.join(folder, "metrics.rank0.1.jsonl")):
+        assert 0 < os.path.getsize(path) <= cap, path
+    kept_older, kept = collective_spans(read_spans(older)), collective_spans(read_spans(current))
+    seqs = [[s["attributes"][n.COLL_SEQ] for s in spans] for spans in (kept_older, kept)]
+    assert max(seqs[0]) < min(seqs[1])  # the newest spans are in the current file
+    rotated_out = health.drops().get("span_file_rotated", 0)
+    assert rotated_out > 0 and len(kept_older) + len(kept) + rotated_out == calls  # none lost uncounted
+    assert min(seqs[0]) == rotated_out + 1  # exactly the oldest ones went
+    err = capfd.readouterr().err
+    assert err.count("(file_max_bytes)") == 1, "the first rotation is logged, the later ones only counted"
+    assert "telemetry dropped on this rank to protect training: " in err and f"{rotated_out} span_file_rotated" in err
+
+    # Both copies are read, the older first: the metric snapshots come in time order, every span once.
+    records = list(iter_records(discover(folder), []))
+    assert sum(isinstance(r, Collective) for r in records) == len(kept_older) + len(kept)
+    times = [r.time_ns for r in records if isinstance(r, MetricSnapshot)]
+    lines = read_metric_lines(os.path.join(folder, "metrics.rank0.1.jsonl")) + read_metric_lines(
+        os.path.join(folder, "metrics.rank0.jsonl")
+    )
+    assert len(times) == len(lines) > 2 and times == sorted(times)
+    last = lines[-1]["resourceMetrics"][0]["scopeMetrics"]
+    calls_metric = [m for sm in last for m in sm["metrics"] if m["name"] == n.COLLECTIVE_CALLS.name]
+    assert sum(int(p["asInt"]) for p in calls_metric[0]["sum"]["dataPoints"]) == calls  # metrics lose nothing

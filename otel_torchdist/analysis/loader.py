@@ -3,6 +3,7 @@
 What it reads:
 
 * a run folder, ``<run_dir>/<run id>/``: every rank's ``traces.rank<R>.jsonl`` and ``metrics.rank<R>.jsonl``
+  (and their rotated copies ``traces.rank<R>.1.jsonl``, read first)
   (OTLP/JSON, one ``Export*ServiceRequest`` per line) and ``resource.rank<R>.json``;
 * an OTLP/JSON trace file, e.g. downloaded from Jaeger: one ``{"resourceSpans": [...]}`` document (possibly
   pretty-printed over many lines) or a ``.jsonl`` of them; Jaeger's own ``{"data": [...]}`` download too.
@@ -45,7 +46,9 @@ from .records import (
     WarningRecord,
 )
 
-_RANK_FILE = re.compile(r"^(traces|metrics|resource)\.rank(\d+)\.(jsonl|json)$")
+# traces.rank0.1.jsonl: the file sink's rotated copy (export/sinks.py), older than traces.rank0.jsonl
+_RANK_FILE = re.compile(r"^(traces|metrics|resource)\.rank(\d+)(?:\.1)?\.(jsonl|json)$")
+_ROTATED = re.compile(r"\.1(\.jsonl)$")
 _RANK_IN_ID = re.compile(r"rank(\d+)$")
 MAX_SINGLE_DOCUMENT = 2 << 30  # a pretty-printed document is parsed whole; refuse absurd sizes
 
@@ -591,7 +594,18 @@ def iter_records(
         roles.append("traces")
     if metrics:
         roles.append("metrics")
-    readers = [_read_file(f, problems, stats, spans, metrics) for f in source.files if f.role in roles]
+    # A rank's rotated copy and its current file are one reader, the older first, so that its records
+    # stay in time order (a metric series only takes snapshots later than its last).
+    chains: dict[str, list[InputFile]] = {}
+    for f in source.files:
+        if f.role in roles:
+            chains.setdefault(_ROTATED.sub(r"\1", f.path) if f.rank is not None else f.path, []).append(f)
+    readers = [
+        itertools.chain.from_iterable(
+            _read_file(f, problems, stats, spans, metrics) for f in sorted(files, key=lambda f: not _ROTATED.search(f.path))
+        )
+        for files in chains.values()
+    ]
     # Resource files first (they are small), then round-robin over the ranks' files.
     active = list(readers)
     while active:

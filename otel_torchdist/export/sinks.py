@@ -110,38 +110,74 @@ def write_json_whole(path: str, doc: Any, indent: int | None = None) -> None:
         raise
 
 
+def rotated_path(path: str) -> str:
+    """Where ``FileSink`` moves a full ``<signal>.rank<R>.jsonl``: ``<signal>.rank<R>.1.jsonl``."""
+    stem, ext = os.path.splitext(path)
+    return f"{stem}.1{ext}"
+
+
 class FileSink(Sink):
     """OTLP/JSON lines, one ``Export*ServiceRequest`` per line: ``traces.rank<R>.jsonl`` and
-    ``metrics.rank<R>.jsonl`` in the run folder. Appends, so an elastic restart adds to the same files."""
+    ``metrics.rank<R>.jsonl`` in the run folder. Appends, so an elastic restart adds to the same files.
+    A file that would pass ``max_bytes`` is rotated to ``rotated_path`` (one generation kept)."""
 
     name = "file"
 
-    def __init__(self, folder: str, rank: int, traces: bool, metrics: bool) -> None:
+    def __init__(self, folder: str, rank: int, traces: bool, metrics: bool, max_bytes: int = 0) -> None:
         self.span_format = "json" if traces else None
         self.folder = folder
+        self.max_bytes = max_bytes
         self.traces_path = os.path.join(folder, f"traces.rank{rank}.jsonl") if traces else None
         self.metrics_path = os.path.join(folder, f"metrics.rank{rank}.jsonl") if metrics else None
         self._lock = threading.Lock()
         self._files: dict[str, Any] = {}
+        self._spans: dict[str, list[int]] = {}  # path -> [spans this process wrote to it, to its rotated copy]
+        self._rotated = False
         self._failures = _FailureLog(f"to {folder}")
 
-    def _write(self, path: str, line: str) -> bool:
+    def _write(self, path: str, line: str, spans: int = 0) -> bool:
+        data = (line + "\n").encode()
         try:
             with self._lock:
                 f = self._files.get(path)
                 if f is None:
                     f = self._files[path] = open(path, "ab", buffering=0)
-                _append_whole(f.fileno(), (line + "\n").encode())
+                if self.max_bytes:
+                    size = os.fstat(f.fileno()).st_size
+                    if size and size + len(data) > self.max_bytes:
+                        f = self._rotate(path, f)
+                _append_whole(f.fileno(), data)
+                if spans:
+                    self._spans.setdefault(path, [0, 0])[0] += spans
         except Exception as exc:
             self._failures.failed(f"{type(exc).__name__}: {exc}")
             return False
         self._failures.succeeded()
         return True
 
+    def _rotate(self, path: str, f: Any) -> Any:
+        """Move the full file aside (replacing the previous rotated copy) and start an empty one."""
+        f.close()
+        del self._files[path]
+        os.replace(path, rotated_path(path))
+        counts = self._spans.setdefault(path, [0, 0])
+        if counts[1]:
+            health.dropped("span_file_rotated", counts[1])  # what the replaced copy held is gone
+        if not self._rotated:
+            self._rotated = True
+            _log.warning(
+                "otel-torchdist: %s reached %d bytes (file_max_bytes) and was moved to %s; from the next "
+                "rotation on, the oldest lines are deleted (their spans counted as dropped, kind=span_file_rotated)",
+                path, self.max_bytes, rotated_path(path),
+            )  # fmt: skip
+        counts[:] = [0, counts[0]]
+        f = self._files[path] = open(path, "ab", buffering=0)
+        return f
+
     def export_span_fragments(self, resource, fragments, timeout=None):
         if self.traces_path is None:
             return True
-        return self._write(self.traces_path, otlp.trace_request_json(resource, fragments))
+        return self._write(self.traces_path, otlp.trace_request_json(resource, fragments), len(fragments))
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.metrics_path is None:
@@ -409,7 +445,7 @@ def build(cfg: Config, folder: str, rank: int) -> tuple[list[Sink], list[Sink]]:
         proto = cfg.metrics_protocol or cfg.protocol
         metric_sinks.append(OtlpGrpcSink(cfg, "metrics") if proto == "grpc" else OtlpHttpSink(cfg, "metrics", proto))
     if traces == "file" or "file" in metrics:
-        sink = FileSink(folder, rank, traces == "file", "file" in metrics)
+        sink = FileSink(folder, rank, traces == "file", "file" in metrics, cfg.file_max_bytes)
         if traces == "file":
             span_sinks.append(sink)
         if "file" in metrics:
