@@ -377,8 +377,20 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     plain = {name: train(name, make()) for name, make in variants.items()}
     _instrument(out, f"numerics-ws{ws}")
     instrumented = {name: train(name, make()) for name, make in variants.items()}
+    identical = {name: all(torch.equal(a, b) for a, b in zip(plain[name], instrumented[name])) for name in variants}
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    # Join again, in a run of its own, with torch.profiler as the oracle for its all-reduces.
+    from torch.profiler import ProfilerActivity, profile
+
+    _instrument(out, f"join-ws{ws}")
+    model = variants["Join, uneven inputs"]()
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        joined(model)
     _finish()
-    return {name: all(torch.equal(a, b) for a, b in zip(plain[name], instrumented[name])) for name in variants}
+    profiled = sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
+    return {"identical": identical, "join_profiler_all_reduces": profiled, "join_steps": 2 + rank}
 
 
 def _with_builtin_hook(model):

@@ -24,6 +24,7 @@ import gzip
 import http.server
 import ipaddress
 import json
+import logging
 import os
 import re
 import socket
@@ -876,7 +877,7 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")
 
 
-def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop(fake_pg, instrumented, capfd):
+def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop(fake_pg, instrumented):
     """A long run fills no disk: each JSON-lines file is rotated at ``file_max_bytes`` (one older copy
     kept), whatever is deleted is counted, and the reader takes both copies in time order."""
     import torch
@@ -891,13 +892,20 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
 
     health.reset()
     cap = 40_000
-    folder = instrumented(file_max_bytes=cap, span_batch_size=10, max_spans_per_step=0)
-    calls = 400
-    for i in range(calls):
-        dist.all_reduce(torch.ones(8))
-        if i % 20 == 19:
-            otel_torchdist.flush()  # a span line and a metric line every 20 calls
-    otel_torchdist.uninstrument()
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append  # the library's own handler may hold a stream of an earlier test's capture
+    logging.getLogger("otel_torchdist").addHandler(handler)
+    try:
+        folder = instrumented(file_max_bytes=cap, span_batch_size=10, max_spans_per_step=0)
+        calls = 400
+        for i in range(calls):
+            dist.all_reduce(torch.ones(8))
+            if i % 20 == 19:
+                otel_torchdist.flush()  # a span line and a metric line every 20 calls
+        otel_torchdist.uninstrument()
+    finally:
+        logging.getLogger("otel_torchdist").removeHandler(handler)
 
     current, older = (os.path.join(folder, f"traces.rank0{x}.jsonl") for x in ("", ".1"))
     for path in (current, older, os.path.join(folder, "metrics.rank0.jsonl"), os.path.join(folder, "metrics.rank0.1.jsonl")):
@@ -908,9 +916,9 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
     rotated_out = health.drops().get("span_file_rotated", 0)
     assert rotated_out > 0 and len(kept_older) + len(kept) + rotated_out == calls  # none lost uncounted
     assert min(seqs[0]) == rotated_out + 1  # exactly the oldest ones went
-    err = capfd.readouterr().err
-    assert err.count("(file_max_bytes)") == 1, "the first rotation is logged, the later ones only counted"
-    assert "telemetry dropped on this rank to protect training: " in err and f"{rotated_out} span_file_rotated" in err
+    lines = [r.getMessage() for r in logged]
+    assert sum("(file_max_bytes)" in x for x in lines) == 1, "the first rotation is logged, the later ones only counted"
+    assert any("telemetry dropped on this rank to protect training" in x and f"{rotated_out} span_file_rotated" in x for x in lines)
 
     # Both copies are read, the older first: the metric snapshots come in time order, every span once.
     records = list(iter_records(discover(folder), []))

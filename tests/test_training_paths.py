@@ -15,7 +15,7 @@ import pytest
 
 from otel_torchdist import names as n
 
-from .harness import read_spans, run_ranks
+from .harness import last_metrics, read_spans, run_ranks
 
 
 def _job(tmp_path_factory, scenario: str, ws: int, run_prefix: str, args: dict | None = None):
@@ -47,13 +47,17 @@ def test_ddp_results_are_bit_identical_instrumented(ddp_job):
         assert result["recorded_after_uninstrument"] == 0
 
 
-def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(tmp_path_factory):
+@pytest.fixture(scope="module")
+def numerics_job(tmp_path_factory):
+    return _job(tmp_path_factory, "ddp_numerics", 3, "numerics")
+
+
+def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(numerics_job):
     """A group size that is not a power of two tells scaling by its reciprocal (DDP without a hook) from
     dividing by it (torch's allreduce_hook, DDP's builtin C++ hook): a third of the values differ in the
     last bit. The trampoline must do what the model did uninstrumented."""
-    job = _job(tmp_path_factory, "ddp_numerics", 3, "numerics")
-    for rank, result in enumerate(job["results"]):
-        assert result == {
+    for rank, result in enumerate(numerics_job["results"]):
+        assert result["identical"] == {
             "no hook": True,
             "gradient_as_bucket_view": True,
             "builtin ALLREDUCE hook": True,
@@ -61,6 +65,27 @@ def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(tmp_path_fact
             "static_graph": True,
             "Join, uneven inputs": True,
         }, rank
+
+
+def test_join_records_every_all_reduce_but_the_reducers_own_used_map(numerics_job):
+    """Uneven inputs under Join (rank r trains 2 + r steps, find_unused_parameters=True): a rank done with
+    its inputs shadows the others' bucket all-reduces (through the trampoline), their used-parameter map
+    all-reduce (ProcessGroup.allreduce, called directly) and Join's own all-reduces. Against torch.profiler
+    on the same run, the only all-reduces not recorded are the map all-reduces each rank's reducer issues
+    from C++ in its own backward passes, one a step."""
+    folder = numerics_job["folder"].replace("numerics-ws3", "join-ws3")
+    for rank, result in enumerate(numerics_job["results"]):
+        metrics = last_metrics(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
+        recorded = sum(int(p["asInt"]) for p in metrics[n.COLLECTIVE_CALLS.name] if p["attributes"]["op"] == "all_reduce")
+        assert result["join_profiler_all_reduces"] - recorded == result["join_steps"], (rank, recorded, result)
+    spans = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in range(3)]
+    shadowed = [
+        [s for s in _collectives(spans[r]) if _a(s, n.COLL_SOURCE) == "process_group" and _a(s, n.COLL_OP) == "all_reduce"]
+        for r in range(3)
+    ]  # fmt: skip
+    # rank 0 finishes two steps before rank 2, rank 1 one step; rank 2 never waits for the others
+    assert [len(x) for x in shadowed] == [2, 1, 0]
+    assert all(_a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_PHASE) == "backward" for x in shadowed for s in x)
 
 
 def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
@@ -131,8 +156,6 @@ def test_ddp_configuration_and_model_recorded_once_per_model(ddp_job):
     assert a[n.MODEL_PARAM_BYTES] == 4 * a[n.MODEL_PARAMS]
     assert a[n.DDP_FIND_UNUSED] is False and a[n.DDP_BROADCAST_BUFFERS] is True
     assert a[n.DDP_BUCKET_CAP_MB] == pytest.approx(0.01, rel=1e-3)
-    from .harness import last_metrics
-
     metrics = last_metrics(os.path.join(ddp_job["folder"], "metrics.rank0.jsonl"))
     params = {p["attributes"]["kind"]: int(p["asInt"]) for p in metrics[n.MODEL_PARAMETERS.name]}
     assert params == {"total": a[n.MODEL_PARAMS], "trainable": a[n.MODEL_PARAMS]}

@@ -352,8 +352,9 @@ def _first_tensor_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else []
 
 
-def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
-    """``ProcessGroup.send(tensors, dst, tag)`` / ``recv(tensors, src, tag)`` / ``recv_anysource(tensors, tag)``."""
+def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple], None]) -> Callable[[Any], Callable]:
+    """A ``ProcessGroup`` method called directly from Python, recorded as ``op``; ``fill(rec, group info,
+    args)`` adds what the method's arguments say (peer, root, size)."""
 
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
@@ -364,11 +365,10 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
                 rec = None
                 gi = groups.info(self)
                 if gi is not None and args:
-                    rec = _new(op, bw.SEND_RECV, SOURCE_PG, gi.gid)
+                    rec = _new(op, kind, SOURCE_PG, gi.gid)
                     describe(_first_tensor_list(args[0]), rec)
                     rec[R.ASYNC] = True
-                    if has_peer and len(args) > 1:
-                        rec[R.PEER] = (None, args[1])
+                    fill(rec, gi, args)
                     rec[R.PARENT] = _parent_span()
             except Exception as exc:
                 health.error("capture", f"could not describe a ProcessGroup.{orig.__name__} call", exc)
@@ -392,49 +392,40 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
     return make
 
 
+def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
+    """``ProcessGroup.send(tensors, dst, tag)`` / ``recv(tensors, src, tag)`` / ``recv_anysource(tensors, tag)``."""
+
+    def fill(rec: list, gi: Any, args: tuple) -> None:
+        if has_peer and len(args) > 1:
+            rec[R.PEER] = (None, args[1])
+
+    return _pg_method(op, bw.SEND_RECV, fill)
+
+
 def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
     """``ProcessGroup.broadcast`` / ``scatter`` reached directly (DTensor's ``mesh_broadcast``/``mesh_scatter``)."""
 
-    def make(orig: Callable) -> Callable:
-        @functools.wraps(orig)
-        def method(self, *args, **kwargs):
-            if not _LIVE or _is_compiling() or TLS.outer is not None:
-                return orig(self, *args, **kwargs)
-            try:
-                rec = None
-                gi = groups.info(self)
-                if gi is not None and args:
-                    rec = _new(op, kind, SOURCE_PG, gi.gid)
-                    describe(_first_tensor_list(args[0]), rec)  # broadcast: the tensor; scatter: outputs
-                    if kind == bw.SCATTER:
-                        rec[R.NBYTES] *= gi.size
-                    opts = args[-1]
-                    root = getattr(opts, "rootRank", None)
-                    if root is None and len(args) == 2 and isinstance(args[1], int):
-                        root = args[1]
-                    rec[R.ROOT] = (None, root)
-                    rec[R.ASYNC] = True
-                    rec[R.PARENT] = _parent_span()
-            except Exception as exc:
-                health.error("capture", f"could not describe a ProcessGroup.{op} call", exc)
-                rec = None
-            if rec is None:
-                return orig(self, *args, **kwargs)
-            rec[R.T_START] = perf_counter_ns()
-            try:
-                work = orig(self, *args, **kwargs)
-            except BaseException as exc:
-                _fail(rec, exc)
-                raise
-            try:
-                _finish(rec, work)
-            except Exception as exc:
-                health.error("capture", f"could not complete a {op} record", exc)
-            return work
+    def fill(rec: list, gi: Any, args: tuple) -> None:
+        if kind == bw.SCATTER:
+            rec[R.NBYTES] *= gi.size  # broadcast: the tensor; scatter: the outputs
+        opts = args[-1]
+        root = getattr(opts, "rootRank", None)
+        if root is None and len(args) == 2 and isinstance(args[1], int):
+            root = args[1]
+        rec[R.ROOT] = (None, root)
 
-        return method
+    return _pg_method(op, kind, fill)
 
-    return make
+
+def _set_sum(rec: list, gi: Any, args: tuple) -> None:
+    rec[R.REDOP] = _REDUCE_SUM
+
+
+_REDUCE_SUM = c10d.ReduceOp.SUM
+pg_allreduce = _pg_method("all_reduce", bw.ALL_REDUCE, _set_sum)
+"""For the framework captures: ``pg_allreduce(ProcessGroup.allreduce)`` records ``pg.allreduce(tensor)``
+calls made with the default options (a sum), which torch makes from Python in a few places; not patched on
+the class, where every ``dist.all_reduce`` would pay for passing through it."""
 
 
 def _wrap_work_wait(orig: Callable) -> Callable:

@@ -446,6 +446,33 @@ def _wrap_update_process_group(orig):
     return _update_process_group
 
 
+# What DDP's _match_unused_params_allreduce does in torch 2.x: read the reducer's used-parameter map and
+# ProcessGroup.allreduce it. Only a body that uses exactly these names is replaced.
+_MATCH_UNUSED_NAMES = ("reducer", "_get_local_used_map", "process_group", "allreduce")
+_pg_allreduce = c10d_capture.pg_allreduce(c10d.ProcessGroup.allreduce)
+
+
+def _wrap_match_unused(orig):
+    """Under ``Join``, a rank done with its inputs matches the others' used-parameter map all-reduce (which
+    their reducers issue from C++) with a ``ProcessGroup.allreduce`` of its own map, a call no ``dist.*``
+    patch sees; this records it, framework ``ddp``, phase ``backward``."""
+    if getattr(getattr(orig, "__code__", None), "co_names", None) != _MATCH_UNUSED_NAMES:
+        return orig  # another torch's body: left as it is rather than guessed at
+
+    def _match_unused_params_allreduce(self):
+        if not _LIVE:
+            return orig(self)
+        locally_used_param_map = self.reducer._get_local_used_map()
+        token = context.push(framework="ddp", phase="backward")
+        try:
+            _pg_allreduce(self.process_group, locally_used_param_map)
+        finally:
+            context.pop(token)
+
+    _match_unused_params_allreduce.__wrapped__ = orig
+    return _match_unused_params_allreduce
+
+
 def _wrap_sync_buffers(orig):
     def _sync_buffers(self, *args, **kwargs):
         # DDP's buffer broadcast (BatchNorm statistics, broadcast_buffers=True) runs around forward.
@@ -520,6 +547,7 @@ def patches() -> list[Patch]:
         Patch(DDP, "_update_process_group", _wrap_update_process_group),
         Patch(DDP, "forward", _wrap_forward),
         Patch(DDP, "_sync_buffers", _wrap_sync_buffers),
+        Patch(DDP, "_match_unused_params_allreduce", _wrap_match_unused),
     ]
 
 
