@@ -218,7 +218,8 @@ class Config:
     """Largest size of each JSON-lines file in the run folder (``traces.rank<R>.jsonl``,
     ``metrics.rank<R>.jsonl``), in bytes; 0 = no limit. A file that would grow past it is renamed to
     ``traces.rank<R>.1.jsonl`` (replacing the previous one) and a new file is started, as log rotation does,
-    so a rank's run folder holds at most twice this per signal however long the run. The spans of a
+    so a rank's run folder holds at most twice this per signal however long the run (a single line longer
+    than the limit is still written whole, into a file of its own). The spans of a
     replaced file are counted (``torchdist_telemetry_dropped_total{kind="span_file_rotated"}``); metric
     lines are cumulative snapshots, so a replaced metrics file loses only history. Env:
     ``OTEL_TORCHDIST_FILE_MAX_BYTES``."""

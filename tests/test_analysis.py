@@ -424,3 +424,30 @@ def test_report_json_is_typed_and_versioned():
     assert data["schema"] == report.SCHEMA and data["version"] == report.VERSION
     assert set(data) >= {"run", "ops", "modules", "stragglers", "steps", "hangs", "gpu", "warnings"}
     json.dumps(data)  # plain data all the way down
+
+
+def _dropped(rank: int, **kinds: int) -> MetricSnapshot:
+    base = {n.M_RUN: "synthetic", n.M_RANK: str(rank)}
+    points = [MetricPoint(attributes={**base, n.M_KIND: k}, value=v) for k, v in kinds.items()]
+    return MetricSnapshot(rank=rank, time_ns=20, metrics={n.TELEMETRY_DROPPED.name: points})
+
+
+@pytest.mark.parametrize(
+    "drops,says",
+    [
+        ([{}, {}], None),
+        ([{"span": 3}, {"span_step_limit": 2, "record": 1}], [
+            "counted by ranks 0-1: 1 record, 3 span, 2 span_step_limit",
+            "miss those spans", "missing from the metrics too",
+        ]),
+        ([{"metric_batch": 4}, {}], ["counted by rank 0: 4 metric_batch", "nothing in these tables"]),
+    ],
+)
+def test_the_run_says_what_the_ranks_dropped_and_what_it_thins(drops, says):
+    records = [_dropped(rank, **kinds) for rank, kinds in enumerate(drops)]
+    notes = [x for x in builders.analyze_records(records).run.notes if x.startswith("telemetry dropped")]
+    if says is None:
+        assert notes == []
+    else:
+        (note,) = notes
+        assert all(s in note for s in says), note

@@ -931,3 +931,8 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
     last = lines[-1]["resourceMetrics"][0]["scopeMetrics"]
     calls_metric = [m for sm in last for m in sm["metrics"] if m["name"] == n.COLLECTIVE_CALLS.name]
     assert sum(int(p["asInt"]) for p in calls_metric[0]["sum"]["dataPoints"]) == calls  # metrics lose nothing
+    # and the analysis says what was dropped, and which of its tables that thins
+    from otel_torchdist.analysis import analyze_path
+
+    (note,) = [x for x in analyze_path(folder).run.notes if x.startswith("telemetry dropped")]
+    assert f"rank 0: {rotated_out} span_file_rotated" in note and "miss those spans" in note, note

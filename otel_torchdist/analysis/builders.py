@@ -379,6 +379,9 @@ class Analyzer:
                 f"no spans for rank{'s' if len(without) > 1 else ''} {fmt_ranks(without)}: the per-module, arrival "
                 "and per-step tables leave it out"
             )
+        dropped = self._dropped_note()
+        if dropped:
+            notes.append(dropped)
         return RunInfo(
             path=self.path,
             run_ids=run_ids,
@@ -624,6 +627,32 @@ class Analyzer:
             return None
         first = min(self.rank_steps)
         return first if first <= 1 else None
+
+    def _dropped_note(self) -> str | None:
+        """What the ranks dropped to protect training (their last metrics say), and which tables it thins."""
+        by_kind: dict[str, int] = {}
+        ranks: set[int] = set()
+        for rank, snap in self.last_snapshot.items():
+            for p in snap.metrics.get(n.TELEMETRY_DROPPED.name) or ():
+                count = int(p.value) if not isinstance(p.value, Histogram) else 0
+                if count > 0:
+                    kind = str(p.attributes.get(n.M_KIND, "?"))
+                    by_kind[kind] = by_kind.get(kind, 0) + count
+                    ranks.add(rank)
+        if not by_kind:
+            return None
+        what = ", ".join(f"{v} {k}" for k, v in sorted(by_kind.items()))
+        hurt = []
+        if any(k.startswith("span") for k in by_kind):
+            hurt.append("the tables built from spans (per module and phase, arrival skew, per step) miss those spans")
+        if "record" in by_kind:
+            hurt.append("the collectives of dropped records are missing from the metrics too")
+        if set(by_kind) <= {"metric_batch", "straggler_window"}:
+            hurt.append("nothing in these tables: metric pushes are cumulative, the last one holds the totals")
+        return (
+            f"telemetry dropped to protect training, counted by rank{'s' if len(ranks) > 1 else ''} "
+            f"{fmt_ranks(sorted(ranks))}: {what} (torchdist_telemetry_dropped_total); " + "; ".join(hurt)
+        )
 
     def _metric_value(self, rank: int, metric: n.Metric) -> float | None:
         snap = self.last_snapshot.get(rank)
