@@ -222,7 +222,7 @@ class Config:
     than the limit is still written whole, into a file of its own). The spans of a
     replaced file are counted (``torchdist_telemetry_dropped_total{kind="span_file_rotated"}``); metric
     lines are cumulative snapshots, so a replaced metrics file loses only history. Env:
-    ``OTEL_TORCHDIST_FILE_MAX_BYTES``."""
+    ``OTEL_TORCHDIST_FILE_MAX_BYTES`` (bytes, or with a unit: ``256MiB``, ``1GB``)."""
 
     run_id: str | None = None
     """The run id shared by all ranks of one job. Env: ``OTEL_TORCHDIST_RUN_ID``; else ``TORCHELASTIC_RUN_ID``
@@ -527,6 +527,18 @@ def _parse_int(raw: str) -> int:
         raise ValueError("expected an integer") from None
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30}
+
+
+def _parse_bytes(raw: str) -> int:
+    """A byte count: ``268435456``, ``256MiB``, ``1GB`` (KB/MB/GB decimal, KiB/MiB/GiB binary)."""
+    m = re.fullmatch(r"\s*(\d+)\s*([a-zA-Z]*)\s*", raw)
+    unit = _BYTE_UNITS.get(m.group(2).lower()) if m else None
+    if unit is None:
+        raise ValueError("expected a byte count such as 268435456, 256MiB or 1GB")
+    return int(m.group(1)) * unit
+
+
 def _parse_bounds(raw: str) -> tuple[float, ...]:
     items = [x.strip() for x in raw.split(",")]
     try:
@@ -612,7 +624,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_SDK_DISABLED", "disabled", _parse_bool),
     (PREFIX + "RUN_DIR", "run_dir", _parse_str),
     (PREFIX + "RUN_ID", "run_id", _parse_str),
-    (PREFIX + "FILE_MAX_BYTES", "file_max_bytes", _parse_int),
+    (PREFIX + "FILE_MAX_BYTES", "file_max_bytes", _parse_bytes),
     (PREFIX + "MAX_QUEUED_RECORDS", "max_queued_records", _parse_int),
     (PREFIX + "DRAIN_INTERVAL_MS", "drain_interval", _parse_ms),
     (PREFIX + "FLUSH_TIMEOUT_MS", "flush_timeout", _parse_ms),

@@ -74,7 +74,8 @@ def test_keyword_options_win_and_mappings_merge():
         ("OTEL_TORCHDIST_RUN_ID", "run/../../etc"),
         ("OTEL_TORCHDIST_SUMMARY", "everyone"),
         ("OTEL_TORCHDIST_MAX_QUEUED_RECORDS", "lots"),
-        ("OTEL_TORCHDIST_FILE_MAX_BYTES", "256MiB"),
+        ("OTEL_TORCHDIST_FILE_MAX_BYTES", "256M"),  # MB or MiB? Refused, not guessed
+        ("OTEL_TORCHDIST_FILE_MAX_BYTES", "1.5GB"),
         ("OTEL_TORCHDIST_FILE_MAX_BYTES", "-1"),
         # past what threading can wait (it raised OverflowError from uninstrument() or a thread): a week at most
         ("OTEL_TORCHDIST_FLUSH_TIMEOUT_MS", "1e13"),
@@ -233,3 +234,8 @@ def test_run_dir_expands_the_home_folder():
 def test_headers_that_requests_can_carry_are_kept():
     cfg = config.load({}, environ={"OTEL_EXPORTER_OTLP_HEADERS": "Authorization=Basic%20YWJj%3D%3D,x-scope_orgID=t.1"})
     assert cfg.headers == {"Authorization": "Basic YWJj==", "x-scope_orgID": "t.1"}
+
+
+@pytest.mark.parametrize("raw,expected", [("268435456", 256 << 20), ("256MiB", 256 << 20), ("1GB", 10**9), ("64 kib", 65536), ("0", 0)])
+def test_file_size_limit_takes_a_unit(raw, expected):
+    assert config.load({}, environ={"OTEL_TORCHDIST_FILE_MAX_BYTES": raw}).file_max_bytes == expected
