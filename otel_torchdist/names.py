@@ -429,6 +429,11 @@ COLLECTIVE_ERRORS = Metric(
     "Collectives that raised.",
     COLLECTIVE_LABELS,
 )
+# Kinds of torchdist.telemetry.dropped that are limits the user set (policy), not telemetry lost to protect
+# training: the run's end-of-run warning and the alert leave them out.
+DROPPED_STEP_LIMIT = "span_step_limit"  # max_spans_per_step
+DROPPED_FILE_ROTATED = "span_file_rotated"  # file_max_bytes: the run folder's oldest spans deleted
+POLICY_DROPS = (DROPPED_STEP_LIMIT, DROPPED_FILE_ROTATED)
 TELEMETRY_DROPPED = Metric(
     "torchdist.telemetry.dropped",
     "counter",

@@ -253,7 +253,7 @@ class Pipeline:
         if not cap:
             return True
         if stats.spans >= cap and (span_id is None or span_id not in stats.parents):
-            health.dropped("span_step_limit")
+            health.dropped(n.DROPPED_STEP_LIMIT)
             if not stats.capped:
                 # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
                 stats.capped = True

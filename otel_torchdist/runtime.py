@@ -432,7 +432,7 @@ class Runtime:
                 "errors": errors,
             },
         )
-        lost = {k: v for k, v in (drops or {}).items() if v and k != "span_step_limit"}  # that one is policy
+        lost = {k: v for k, v in (drops or {}).items() if v and k not in n.POLICY_DROPS}
         if lost:
             _log.warning(
                 "otel-torchdist: telemetry dropped on this rank to protect training: %s",

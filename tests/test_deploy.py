@@ -231,6 +231,15 @@ def test_promtool_unit_tests_fire_every_alert():
     assert "SUCCESS" in done.stdout
 
 
+def test_dropped_telemetry_alert_leaves_out_exactly_the_limits_the_user_set():
+    from otel_torchdist import names
+
+    (expr,) = [c.expr for c in sd.rule_exprs() if c.case_id == "alert/TorchdistTelemetryDropped"]
+    excluded = re.findall(r'kind!~"([^"]*)"', expr)
+    assert excluded and all(set(x.split("|")) == set(names.POLICY_DROPS) for x in excluded)
+    assert expr.count("torchdist_telemetry_dropped_total{") == len(excluded)  # every selector filtered
+
+
 def test_every_rule_uses_schema_names_and_run_rank_labels():
     from otel_torchdist import names
 

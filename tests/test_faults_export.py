@@ -918,7 +918,7 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
     assert min(seqs[0]) == rotated_out + 1  # exactly the oldest ones went
     lines = [r.getMessage() for r in logged]
     assert sum("(file_max_bytes)" in x for x in lines) == 1, "the first rotation is logged, the later ones only counted"
-    assert any("telemetry dropped on this rank to protect training" in x and f"{rotated_out} span_file_rotated" in x for x in lines)
+    assert not any("span_file_rotated" in x for x in lines if "to protect training" in x)  # a limit set, not a loss
 
     # Both copies are read, the older first: the metric snapshots come in time order, every span once.
     records = list(iter_records(discover(folder), []))
@@ -934,5 +934,47 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
     # and the analysis says what was dropped, and which of its tables that thins
     from otel_torchdist.analysis import analyze_path
 
-    (note,) = [x for x in analyze_path(folder).run.notes if x.startswith("telemetry dropped")]
-    assert f"rank 0: {rotated_out} span_file_rotated" in note and "miss those spans" in note, note
+    notes = analyze_path(folder).run.notes
+    assert not [x for x in notes if x.startswith("telemetry dropped")]
+    (note,) = [x for x in notes if "size limit" in x]
+    assert note.startswith(f"{rotated_out} spans deleted by the run folder's size limit (file_max_bytes) on rank 0"), note
+
+    # An elastic restart appends to the same files: what an earlier process wrote is counted when deleted too.
+    # Each process also ends with its step's spans (train.step, train.rank_step), spans like any other here.
+    others = len(read_spans(older)) + len(read_spans(current)) - len(kept_older) - len(kept)
+    assert others == 2
+    instrumented(file_max_bytes=cap, span_batch_size=10, max_spans_per_step=0)
+    for i in range(200):
+        dist.all_reduce(torch.ones(8))
+        if i % 20 == 19:
+            otel_torchdist.flush()
+    otel_torchdist.uninstrument()
+    rotated_out = health.drops()["span_file_rotated"]
+    assert len(read_spans(older)) + len(read_spans(current)) + rotated_out == calls + 200 + 2 * others
+    kept_older = collective_spans(read_spans(older))
+    assert rotated_out > min(s["attributes"][n.COLL_SEQ] for s in kept_older) - 1  # the first process's steps went too
+
+
+def test_a_file_that_cannot_be_rotated_keeps_every_line(tmp_path):
+    """The rename fails (here the rotated copy's name is taken by a folder): the file grows past the
+    limit rather than losing what comes next, and says so once."""
+    from otel_torchdist import health
+    from otel_torchdist.export.sinks import FileSink
+
+    health.reset()
+    os.mkdir(tmp_path / "traces.rank0.1.jsonl")
+    sink = FileSink(str(tmp_path), 0, traces=True, metrics=False, max_bytes=2000)
+    logged: list[logging.LogRecord] = []
+    handler = logging.Handler()
+    handler.emit = logged.append
+    logging.getLogger("otel_torchdist").addHandler(handler)
+    try:
+        ok = [sink._write(sink.traces_path, json.dumps({"i": i, "pad": "x" * 400})) for i in range(20)]
+    finally:
+        logging.getLogger("otel_torchdist").removeHandler(handler)
+        sink.shutdown()
+    assert all(ok)
+    lines = open(tmp_path / "traces.rank0.jsonl").read().splitlines()
+    assert [json.loads(line)["i"] for line in lines] == list(range(20))
+    assert sum("could not rotate" in r.getMessage() for r in logged) == 1
+    assert health.errors().get("export") == 1

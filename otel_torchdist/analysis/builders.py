@@ -379,9 +379,7 @@ class Analyzer:
                 f"no spans for rank{'s' if len(without) > 1 else ''} {fmt_ranks(without)}: the per-module, arrival "
                 "and per-step tables leave it out"
             )
-        dropped = self._dropped_note()
-        if dropped:
-            notes.append(dropped)
+        notes += self._dropped_notes()
         return RunInfo(
             path=self.path,
             run_ids=run_ids,
@@ -628,31 +626,38 @@ class Analyzer:
         first = min(self.rank_steps)
         return first if first <= 1 else None
 
-    def _dropped_note(self) -> str | None:
-        """What the ranks dropped to protect training (their last metrics say), and which tables it thins."""
+    def _dropped_notes(self) -> list[str]:
+        """What the ranks dropped (their last metrics say), and which tables it thins."""
         by_kind: dict[str, int] = {}
-        ranks: set[int] = set()
+        ranks: dict[bool, set[int]] = {True: set(), False: set()}  # by: is it the run folder's size limit
         for rank, snap in self.last_snapshot.items():
             for p in snap.metrics.get(n.TELEMETRY_DROPPED.name) or ():
                 count = int(p.value) if not isinstance(p.value, Histogram) else 0
                 if count > 0:
                     kind = str(p.attributes.get(n.M_KIND, "?"))
                     by_kind[kind] = by_kind.get(kind, 0) + count
-                    ranks.add(rank)
-        if not by_kind:
-            return None
-        what = ", ".join(f"{v} {k}" for k, v in sorted(by_kind.items()))
-        hurt = []
-        if any(k.startswith("span") for k in by_kind):
-            hurt.append("the tables built from spans (per module and phase, arrival skew, per step) miss those spans")
-        if "record" in by_kind:
-            hurt.append("the collectives of dropped records are missing from the metrics too")
-        if set(by_kind) <= {"metric_batch", "straggler_window"}:
-            hurt.append("nothing in these tables: metric pushes are cumulative, the last one holds the totals")
-        return (
-            f"telemetry dropped to protect training, counted by rank{'s' if len(ranks) > 1 else ''} "
-            f"{fmt_ranks(sorted(ranks))}: {what} (torchdist_telemetry_dropped_total); " + "; ".join(hurt)
-        )
+                    ranks[kind == n.DROPPED_FILE_ROTATED].add(rank)
+        notes = []
+        rotated = by_kind.pop(n.DROPPED_FILE_ROTATED, 0)
+        if by_kind:
+            what = ", ".join(f"{v} {k}" for k, v in sorted(by_kind.items()))
+            hurt = []
+            if any(k.startswith("span") or k == "record" for k in by_kind):
+                hurt.append("the tables built from spans (per module and phase, arrival skew, per step) miss those")
+            if "record" in by_kind:
+                hurt.append("a dropped record's collective is missing from the metrics as well")
+            if set(by_kind) <= {"metric_batch", "straggler_window"}:
+                hurt.append("nothing in these tables: metric pushes are cumulative, the last one holds the totals")
+            notes.append(
+                f"telemetry dropped to protect training, counted by {_ranks_word(ranks[False])}: {what} "
+                "(torchdist_telemetry_dropped_total); " + "; ".join(hurt)
+            )
+        if rotated:
+            notes.append(
+                f"{rotated} spans deleted by the run folder's size limit (file_max_bytes) on {_ranks_word(ranks[True])}, "
+                f'counted as kind="{n.DROPPED_FILE_ROTATED}": the tables built from spans miss the oldest'
+            )
+        return notes
 
     def _metric_value(self, rank: int, metric: n.Metric) -> float | None:
         snap = self.last_snapshot.get(rank)
@@ -1119,6 +1124,10 @@ def vars_of(row: ShardingRow) -> list[Any]:
 
 
 # ------------------------------------------------------------------------------- pure functions
+def _ranks_word(ranks: set[int]) -> str:
+    return f"rank{'s' if len(ranks) > 1 else ''} {fmt_ranks(sorted(ranks))}"
+
+
 def analyze_records(records: Iterable[Record], *, path: str = "", noise_level: int = 0) -> Report:
     """The whole report over ``records``."""
     return Analyzer(path=path, noise_level=noise_level).add_all(records).finish()

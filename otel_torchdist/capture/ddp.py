@@ -449,7 +449,6 @@ def _wrap_update_process_group(orig):
 # What DDP's _match_unused_params_allreduce does in torch 2.x: read the reducer's used-parameter map and
 # ProcessGroup.allreduce it. Only a body that uses exactly these names is replaced.
 _MATCH_UNUSED_NAMES = ("reducer", "_get_local_used_map", "process_group", "allreduce")
-_pg_allreduce = c10d_capture.pg_allreduce(c10d.ProcessGroup.allreduce)
 
 
 def _wrap_match_unused(orig):
@@ -465,7 +464,9 @@ def _wrap_match_unused(orig):
         locally_used_param_map = self.reducer._get_local_used_map()
         token = context.push(framework="ddp", phase="backward")
         try:
-            _pg_allreduce(self.process_group, locally_used_param_map)
+            group = self.process_group
+            # the method as it is now (another tracer may have wrapped it), as torch's body would call it
+            c10d_capture.pg_allreduce(type(group).allreduce)(group, locally_used_param_map)
         finally:
             context.pop(token)
 
