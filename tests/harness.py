@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
+import logging
 import os
 import socket
 import subprocess
@@ -143,3 +145,19 @@ def wait_for(predicate, timeout: float, interval: float = 0.2, what: str = "cond
             return last
         time.sleep(interval)
     raise AssertionError(f"timed out after {timeout}s waiting for {what} (last: {last!r})")
+
+
+@contextlib.contextmanager
+def library_log():
+    """The messages otel-torchdist logs inside the block, collected by a handler of the test's own: the
+    library's handler may still write to the stream of an earlier test's capture."""
+    messages: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: messages.append(record.getMessage())
+    logger = logging.getLogger("otel_torchdist")
+    logger.addHandler(handler)
+    try:
+        yield messages
+    finally:
+        logger.removeHandler(handler)
+

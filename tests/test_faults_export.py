@@ -24,7 +24,6 @@ import gzip
 import http.server
 import ipaddress
 import json
-import logging
 import os
 import re
 import socket
@@ -44,7 +43,7 @@ import pytest
 from otel_torchdist import names as n
 
 from . import scenarios_faults_export as sc
-from .harness import REPO, finish_ranks, free_port, launcher_log, start_ranks, wait_for
+from .harness import REPO, finish_ranks, free_port, launcher_log, library_log, start_ranks, wait_for
 from .peers import _ANSI, Rotel, _rotel_value, parse_rotel
 
 _FOREIGN_ENV = ("OTEL_", "TORCHELASTIC_", "SLURM_")
@@ -892,11 +891,7 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
 
     health.reset()
     cap = 40_000
-    logged: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = logged.append  # the library's own handler may hold a stream of an earlier test's capture
-    logging.getLogger("otel_torchdist").addHandler(handler)
-    try:
+    with library_log() as lines:
         folder = instrumented(file_max_bytes=cap, span_batch_size=10, max_spans_per_step=0)
         calls = 400
         for i in range(calls):
@@ -904,8 +899,6 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
             if i % 20 == 19:
                 otel_torchdist.flush()  # a span line and a metric line every 20 calls
         otel_torchdist.uninstrument()
-    finally:
-        logging.getLogger("otel_torchdist").removeHandler(handler)
 
     current, older = (os.path.join(folder, f"traces.rank0{x}.jsonl") for x in ("", ".1"))
     for path in (current, older, os.path.join(folder, "metrics.rank0.jsonl"), os.path.join(folder, "metrics.rank0.1.jsonl")):
@@ -916,7 +909,6 @@ def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop
     rotated_out = health.drops().get("span_file_rotated", 0)
     assert rotated_out > 0 and len(kept_older) + len(kept) + rotated_out == calls  # none lost uncounted
     assert min(seqs[0]) == rotated_out + 1  # exactly the oldest ones went
-    lines = [r.getMessage() for r in logged]
     assert sum("(file_max_bytes)" in x for x in lines) == 1, "the first rotation is logged, the later ones only counted"
     assert not any("span_file_rotated" in x for x in lines if "to protect training" in x)  # a limit set, not a loss
 
@@ -964,17 +956,11 @@ def test_a_file_that_cannot_be_rotated_keeps_every_line(tmp_path):
     health.reset()
     os.mkdir(tmp_path / "traces.rank0.1.jsonl")
     sink = FileSink(str(tmp_path), 0, traces=True, metrics=False, max_bytes=2000)
-    logged: list[logging.LogRecord] = []
-    handler = logging.Handler()
-    handler.emit = logged.append
-    logging.getLogger("otel_torchdist").addHandler(handler)
-    try:
+    with library_log() as logged:
         ok = [sink._write(sink.traces_path, json.dumps({"i": i, "pad": "x" * 400})) for i in range(20)]
-    finally:
-        logging.getLogger("otel_torchdist").removeHandler(handler)
-        sink.shutdown()
+    sink.shutdown()
     assert all(ok)
     lines = open(tmp_path / "traces.rank0.jsonl").read().splitlines()
     assert [json.loads(line)["i"] for line in lines] == list(range(20))
-    assert sum("could not rotate" in r.getMessage() for r in logged) == 1
+    assert sum("could not rotate" in x for x in logged) == 1
     assert health.errors().get("export") == 1

@@ -417,11 +417,13 @@ def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
     return _pg_method(op, kind, fill)
 
 
+_REDUCE_SUM = c10d.ReduceOp.SUM
+
+
 def _set_sum(rec: list, gi: Any, args: tuple) -> None:
     rec[R.REDOP] = _REDUCE_SUM
 
 
-_REDUCE_SUM = c10d.ReduceOp.SUM
 pg_allreduce = _pg_method("all_reduce", bw.ALL_REDUCE, _set_sum)
 """For the framework captures: ``pg_allreduce(ProcessGroup.allreduce)`` records ``pg.allreduce(tensor)``
 calls made with the default options (a sum), which torch makes from Python in a few places; not patched on

@@ -192,8 +192,8 @@ class FileSink(Sink):
             self._rotated = True
             _log.warning(
                 "otel-torchdist: %s reached %d bytes (file_max_bytes) and was moved to %s, replacing the copy "
-                "there; spans a rotation deletes are counted as dropped (kind=span_file_rotated)",
-                path, self.max_bytes, aside,
+                "there; spans a rotation deletes are counted as dropped (kind=%s)",
+                path, self.max_bytes, aside, n.DROPPED_FILE_ROTATED,
             )  # fmt: skip
         f.close()
         del self._files[path]  # reopened by the next write if this open fails
