@@ -185,6 +185,15 @@ def _ddp_child(args: argparse.Namespace) -> None:
         under_reducer.reducer._update_process_group(reducer_group)
         counted("DDP Python process group", trainer(under_reducer), warm=3)
 
+    if wanted("DDP C++ process group"):
+        from torch.utils.cpp_extension import load
+        native = load("otel_timed_group", ["/tmp/proto/timed_group.cpp"], extra_cflags=["-O2"])
+        under_native = DDP(_mlp())
+        native_group = native.TimedGroup(dist.group.WORLD)
+        under_native.reducer._update_process_group(native_group)
+        native_step = trainer(under_native)
+        counted("DDP C++ process group", native_step, flush=native_group.take, warm=3)
+
     def debug_step():
         # One CommDebugMode per step: one across several steps trips over its own module stack.
         with CommDebugMode():

@@ -41,6 +41,7 @@ SAMPLERS = (
 )
 SUMMARY_MODES = ("rank0", "all", "none")
 AGGREGATIONS = ("rank", "node")
+NATIVE_MODES = ("auto", "off", "build")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
@@ -169,6 +170,13 @@ class Config:
     """``sampled``: inside ``otel_torchdist.step()`` blocks of sampled steps, also record the collectives
     of ``torch.compile``d code (deep mode, costly per op). ``off``: only ``otel_torchdist.deep_capture()``
     does. Env: ``OTEL_TORCHDIST_COMPILE_CAPTURE``."""
+
+    native: str = "auto"
+    """The native part (C++, ``otel_torchdist/native``) that records DDP's reducer on gloo without a comm
+    hook, sparing DDP the hook's pass over every bucket. ``auto``: used when built (``otel-torchdist
+    build-native``, once per torch version), else DDP is captured through its comm hook. ``build``: compile
+    it at ``instrument()`` when missing (about a minute; needs a C++ compiler and ninja). ``off``: the comm
+    hook always. Env: ``OTEL_TORCHDIST_NATIVE``."""
 
     log_level: str = "WARNING"
     """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:
@@ -322,6 +330,7 @@ class Config:
             _seconds("hang_threshold", self.hang_threshold)
         _number("slow_step_factor", self.slow_step_factor, 0.0, None)
         _choice("compile_capture", self.compile_capture, ("off", "sampled"))
+        _choice("native", self.native, NATIVE_MODES)
         _choice("log_level", self.log_level, LOG_LEVELS)
         _number("traces_sampler_arg", self.traces_sampler_arg, 0.0, 1.0)
         for name in ("endpoint", "traces_endpoint", "metrics_endpoint"):
@@ -642,6 +651,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "STRAGGLER_EXCHANGE_STEPS", "straggler_exchange_steps", _parse_int),
     (PREFIX + "WARN_SLOW_STEP_FACTOR", "slow_step_factor", _parse_float),
     (PREFIX + "COMPILE_CAPTURE", "compile_capture", _parse_choice(("off", "sampled"))),
+    (PREFIX + "NATIVE", "native", _parse_choice(NATIVE_MODES)),
     (PREFIX + "LOG_LEVEL", "log_level", lambda raw: _parse_choice(tuple(x.lower() for x in LOG_LEVELS))(raw).upper()),
     (PREFIX + "SYSTEM_METRICS", "system_metrics", _parse_bool),
     (PREFIX + "SYSTEM_INTERVAL_MS", "system_interval", _parse_ms),

@@ -22,7 +22,7 @@ from typing import Any
 from . import bandwidth as bw
 from . import health
 from . import names as n
-from .capture import groups, record
+from .capture import ddp_native, groups, record
 from .capture import record as R
 from .config import Config
 from .export.sinks import Sink
@@ -41,6 +41,7 @@ _bus_factors: dict[tuple[str, int], float] = {}
 
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
+DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
 
 
 class Pipeline:
@@ -135,7 +136,7 @@ class Pipeline:
             stuck = t.name == "otel-torchdist-export" and self._abandoned_turn == self._export_turn
             t.join(0.0 if stuck else max(0.0, min(1.0, deadline - time.monotonic())))
         self._threads.clear()
-        ok = self.flush(max(0.0, deadline - time.monotonic()))
+        ok = self.flush(max(0.0, deadline - time.monotonic()), force=True)
         left = self._clear_spans()
         with self._in_flight_lock:
             left += self._in_flight or 0  # an export call still stuck: its spans are lost with the process
@@ -154,8 +155,11 @@ class Pipeline:
             except Exception as exc:
                 health.error("pipeline", "the drain thread hit an error", exc)
 
-    def drain(self) -> int:
+    def drain(self, force: bool = False) -> int:
+        """Process what the training threads queued. ``force``: also what the native capture holds back
+        (a backward's buckets whose backward may not be over: at stop)."""
         q = record.QUEUE
+        deferred = record.DEFERRED
         count = 0
         with self._drain_lock:
             # The wall clock, from the monotonic one: kept unless the wall clock stepped (NTP, by more than
@@ -164,32 +168,46 @@ class Pipeline:
             offset = time_ns() - perf_counter_ns()
             if abs(offset - self.offset_ns) > OFFSET_STEP_NS:
                 self.offset_ns = offset
-            while q:
-                try:
-                    rec = q.popleft()
-                except IndexError:
-                    break
-                try:
-                    self.process(rec)
-                except Exception as exc:
-                    health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
-                count += 1
-            # After the records: a step's close (deferred) must see the records of that step.
-            deferred = record.DEFERRED
-            while deferred:
-                try:
+            for _ in range(DRAIN_ROUNDS):
+                # A step's close (deferred) must see the records of that step: the closes queued before the
+                # records are taken, and only those, run after them (a close queued meanwhile waits for the
+                # next round, with the records queued before it).
+                closes = len(deferred)
+                count += self._process_all(q)
+                if ddp_native.active():
+                    for rec in ddp_native.take(self.step_tracker, perf_counter_ns(), force):
+                        self._process_one(rec)
+                        count += 1
+                for _ in range(closes):
                     entry = deferred.popleft()
-                except IndexError:
+                    try:
+                        record.run(self, entry)
+                    except Exception as exc:
+                        fn = record.function(entry)
+                        health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
+                if not q and not deferred:
                     break
-                try:
-                    record.run(self, entry)
-                except Exception as exc:
-                    fn = record.function(entry)
-                    health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
         self.processed += count
         if self.queued_spans() >= self.cfg.span_batch_size:
             self._wake.set()
         return count
+
+    def _process_all(self, q: deque) -> int:
+        count = 0
+        while q:
+            try:
+                rec = q.popleft()
+            except IndexError:
+                break
+            self._process_one(rec)
+            count += 1
+        return count
+
+    def _process_one(self, rec: tuple) -> None:
+        try:
+            self.process(rec)
+        except Exception as exc:
+            health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
 
     def process(self, rec: tuple) -> None:
         # Runs for every collective: locals and inlined lookups, the common case first.
@@ -420,10 +438,10 @@ class Pipeline:
             self._export_lock.release()
         return ok
 
-    def flush(self, timeout: float) -> bool:
+    def flush(self, timeout: float, force: bool = False) -> bool:
         """Drain, then send every queued span and a metric snapshot, within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
-        self.drain()
+        self.drain(force)
         ok = self.export_spans(deadline)
         remaining = deadline - time.monotonic()
         if remaining > 0:

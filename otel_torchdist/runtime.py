@@ -26,7 +26,7 @@ from typing import Any
 from . import health, logs, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, checkpoint, completion, context, ddp, dtensor, fsdp, funcol, later, nccl, optim, record
+from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, nccl, optim, record
 from .config import Config
 from .export import node as _node
 from .export import sinks as _sinks
@@ -149,6 +149,7 @@ class Runtime:
 
         if dist.is_available() and dist.is_initialized():
             self.on_process_group()
+        ddp_native.activate(self.cfg.native, self.cfg.max_queued_records)
         try:
             ddp.adopt_existing()
         except Exception as exc:
@@ -387,6 +388,8 @@ class Runtime:
                 stuck = list(rec)
                 record.complete(stuck, n.END_UNFINISHED)
         completion.flush_unfinished()
+        for rec in ddp_native.abandon(self.steps):
+            record.complete(rec, n.END_UNFINISHED)
         nccl.flush_pending()
         if self.identity is None:
             self._set_identity(resolve(self.cfg.run_id))
@@ -397,6 +400,7 @@ class Runtime:
                 health.error("component", f"{comp.name} could not stop", exc)
         self._finish_node()
         self.pipeline.stop(self.cfg.flush_timeout)
+        ddp_native.deactivate(restore)
         self._finish_summary()
         if self.prometheus is not None:
             self.prometheus.stop()

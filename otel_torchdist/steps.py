@@ -268,9 +268,11 @@ class StepTracker:
         self.open = True
         if self.trace_key is None:
             R.STEP[0] = None  # identity not known yet: no shared trace possible
+            R.SLOTS[0] = 0
             return index
         ctx = self._ids.pop(index, None)
         R.STEP[0] = ctx if ctx is not None else self._context(index)
+        R.SLOTS[0] = index
         return index
 
     def _context(self, index: int) -> tuple:
@@ -303,6 +305,7 @@ class StepTracker:
         (see record.queue), or None when there is nothing to build (identity unknown, not attached)."""
         ctx = R.STEP[0]
         R.STEP[0] = None
+        R.SLOTS[0] = 0
         self.open = False
         if ctx is None or self.pipeline is None:
             return None

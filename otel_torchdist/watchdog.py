@@ -25,7 +25,7 @@ from typing import Any
 
 from . import health
 from . import names as n
-from .capture import completion, funcol, groups
+from .capture import completion, ddp_native, funcol, groups
 from .capture import record as R
 from .otlp import MetricData, NumberPoint, SpanData
 from .spans import new_span_id, new_trace_id
@@ -89,6 +89,7 @@ class Watchdog:
     def in_flight(self) -> list[list | tuple]:
         records = self.blocking_in_flight()
         records += [join.rec for join in completion.in_flight()]
+        records += ddp_native.in_flight()
         records += [entry[1] for entry in list(funcol._pending.values())]  # one copy, atomic under the GIL
         for gi in groups.all_groups():
             with gi.lock:

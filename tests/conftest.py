@@ -56,6 +56,17 @@ def instrumented(tmp_path):
         otel_torchdist.uninstrument()
 
 
+@pytest.fixture(scope="session")
+def native_built():
+    """otel-torchdist's native part, compiled for this torch (``.ci/install`` runs ``otel-torchdist
+    build-native``; without it the first test that needs it compiles it, about a minute)."""
+    from otel_torchdist import native
+
+    if not native.is_built():
+        native.build()
+    return native.library_path()
+
+
 @pytest.fixture(autouse=True)
 def _clean_env(monkeypatch):
     for var in list(os.environ):

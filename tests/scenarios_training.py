@@ -63,14 +63,19 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     steps = args.get("steps", 3)
+    native = args.get("native", "off")
     plain = _train(DDP(_mlp(), bucket_cap_mb=0.01), steps, rank)
-    _instrument(out, f"ddp-ws{ws}")
+    _instrument(out, f"ddp-{native}-ws{ws}", native=native)
     model = DDP(_mlp(), bucket_cap_mb=0.01)
     from torch.profiler import ProfilerActivity, profile
 
+    from otel_torchdist.capture import ddp_native
+
+    attached = ddp_native.is_attached(model)
     with profile(activities=[ProfilerActivity.CPU]) as prof:  # the oracle for the bucket all-reduces
         instrumented = _train(model, steps, rank)
     profiler_all_reduces = sum(1 for e in prof.events() if e.name == "gloo:all_reduce")
+    profiler_broadcasts = sum(1 for e in prof.events() if e.name == "gloo:broadcast")  # the bucket rebuild
     sizes = model._get_ddp_logging_data().get("rebuilt_bucket_sizes", "")
     calls: list[int] = []
 
@@ -105,6 +110,8 @@ def ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     recorded_after = len(record.QUEUE)
     dist.destroy_process_group()
     return {
+        "native_attached": attached,
+        "profiler_broadcasts": profiler_broadcasts,
         "recorded_after_uninstrument": recorded_after,
         "identical": all(torch.equal(a, b) for a, b in zip(plain, instrumented)),
         "identical_with_hook": all(torch.equal(a, b) for a, b in zip(plain, with_hook)),
@@ -374,8 +381,9 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     def train(name, model):
         return trainers[name](model) if name in trainers else _train(model, 3, rank)
 
+    native = args.get("native", "off")
     plain = {name: train(name, make()) for name, make in variants.items()}
-    _instrument(out, f"numerics-ws{ws}")
+    _instrument(out, f"numerics-{native}-ws{ws}", native=native)
     instrumented = {name: train(name, make()) for name, make in variants.items()}
     identical = {name: all(torch.equal(a, b) for a, b in zip(plain[name], instrumented[name])) for name in variants}
     import otel_torchdist
@@ -384,7 +392,7 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     # Join again, in a run of its own, with torch.profiler as the oracle for its all-reduces.
     from torch.profiler import ProfilerActivity, profile
 
-    _instrument(out, f"join-ws{ws}")
+    _instrument(out, f"join-{native}-ws{ws}", native=native)
     model = variants["Join, uneven inputs"]()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         joined(model)

@@ -35,27 +35,43 @@ def _a(span, key):
 
 
 # ------------------------------------------------------------------------------------------------ DDP
-@pytest.fixture(scope="module", params=(2, 4), ids=lambda ws: f"ws{ws}")
+# DDP's buckets are recorded two ways (capture/ddp.py): the trampoline comm hook ("hook": native="off") and,
+# with the native part built, the native process group under the reducer ("native"). Each job runs both.
+MODES = {"hook": "off", "native": "auto"}
+
+
+@pytest.fixture(scope="module", params=[(2, "hook"), (4, "hook"), (2, "native"), (4, "native")], ids=lambda p: f"ws{p[0]}-{p[1]}")
 def ddp_job(request, tmp_path_factory):
-    return _job(tmp_path_factory, "ddp", request.param, "ddp", {"steps": 3})
+    ws, mode = request.param
+    if mode == "native":
+        request.getfixturevalue("native_built")
+    job = _job(tmp_path_factory, "ddp", ws, f"ddp-{MODES[mode]}", {"steps": 3, "native": MODES[mode]})
+    job["mode"] = mode
+    return job
 
 
 def test_ddp_results_are_bit_identical_instrumented(ddp_job):
     for result in ddp_job["results"]:
-        assert result["identical"], "DDP parameters differ with the trampoline comm hook"
+        assert result["native_attached"] is (ddp_job["mode"] == "native")
+        assert result["identical"], f"DDP parameters differ instrumented ({ddp_job['mode']})"
         assert result["identical_with_hook"], "a user comm hook changed results"
         assert result["recorded_after_uninstrument"] == 0
 
 
-@pytest.fixture(scope="module")
-def numerics_job(tmp_path_factory):
-    return _job(tmp_path_factory, "ddp_numerics", 3, "numerics")
+@pytest.fixture(scope="module", params=("hook", "native"))
+def numerics_job(request, tmp_path_factory):
+    if request.param == "native":
+        request.getfixturevalue("native_built")
+    job = _job(tmp_path_factory, "ddp_numerics", 3, f"numerics-{MODES[request.param]}", {"native": MODES[request.param]})
+    job["mode"] = request.param
+    return job
 
 
 def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(numerics_job):
     """A group size that is not a power of two tells scaling by its reciprocal (DDP without a hook) from
     dividing by it (torch's allreduce_hook, DDP's builtin C++ hook): a third of the values differ in the
-    last bit. The trampoline must do what the model did uninstrumented."""
+    last bit. The trampoline must do what the model did uninstrumented; the native group, which leaves the
+    reducer's own path as it is, too, where the reducer issues collectives of its own through it."""
     for rank, result in enumerate(numerics_job["results"]):
         assert result["identical"] == {
             "no hook": True,
@@ -67,17 +83,20 @@ def test_ddp_results_are_bit_identical_instrumented_on_three_ranks(numerics_job)
         }, rank
 
 
-def test_join_records_every_all_reduce_but_the_reducers_own_used_map(numerics_job):
+def test_join_records_every_all_reduce(numerics_job):
     """Uneven inputs under Join (rank r trains 2 + r steps, find_unused_parameters=True): a rank done with
-    its inputs shadows the others' bucket all-reduces (through the trampoline), their used-parameter map
-    all-reduce (ProcessGroup.allreduce, called directly) and Join's own all-reduces. Against torch.profiler
-    on the same run, the only all-reduces not recorded are the map all-reduces each rank's reducer issues
-    from C++ in its own backward passes, one a step."""
-    folder = numerics_job["folder"].replace("numerics-ws3", "join-ws3")
+    its inputs shadows the others' bucket all-reduces (through the trampoline, or the native group when DDP
+    has no hook), their used-parameter map all-reduce (ProcessGroup.allreduce, called directly) and Join's
+    own all-reduces. Against torch.profiler on the same run: the native group records every all-reduce;
+    the trampoline all but the map all-reduce each rank's reducer issues from C++ in its own backward
+    passes, one a step, which no Python hook sees."""
+    folder = numerics_job["folder"].replace("numerics-", "join-")
+    native = numerics_job["mode"] == "native"
     for rank, result in enumerate(numerics_job["results"]):
         metrics = last_metrics(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
         recorded = sum(int(p["asInt"]) for p in metrics[n.COLLECTIVE_CALLS.name] if p["attributes"]["op"] == "all_reduce")
-        assert result["join_profiler_all_reduces"] - recorded == result["join_steps"], (rank, recorded, result)
+        unseen = 0 if native else result["join_steps"]
+        assert result["join_profiler_all_reduces"] - recorded == unseen, (rank, recorded, result)
     spans = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in range(3)]
     shadowed = [
         [s for s in _collectives(spans[r]) if _a(s, n.COLL_SOURCE) == "process_group" and _a(s, n.COLL_OP) == "all_reduce"]
@@ -86,17 +105,47 @@ def test_join_records_every_all_reduce_but_the_reducers_own_used_map(numerics_jo
     # rank 0 finishes two steps before rank 2, rank 1 one step; rank 2 never waits for the others
     assert [len(x) for x in shadowed] == [2, 1, 0]
     assert all(_a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_PHASE) == "backward" for x in shadowed for s in x)
+    if native:
+        # Each rank's reducer issued its map all-reduce through the native group, once a backward (int32).
+        for rank, result in enumerate(numerics_job["results"]):
+            maps = [
+                s for s in _collectives(spans[rank])
+                if _a(s, n.COLL_SOURCE) == "ddp_reducer" and _a(s, n.COLL_DTYPE) == "int32" and s["name"] == "all_reduce"
+            ]  # fmt: skip
+            assert len(maps) == result["join_steps"], rank
+            assert {_a(s, n.COLL_PHASE) for s in maps} == {"backward"}
+        # Every rank passes 2 + 2 times over its buckets: in its own backward passes, then (a rank out of
+        # inputs) all-reducing zero buckets through the reducer for each step it shadows. Each pass's
+        # buckets are numbered from 0, its last one marked.
+        for rank in range(3):
+            buckets = sorted(
+                (s for s in _collectives(spans[rank])
+                 if _a(s, n.COLL_SOURCE) == "ddp_reducer" and _a(s, n.COLL_DTYPE) == "float32"),
+                key=lambda s: int(s["startTimeUnixNano"]),
+            )  # fmt: skip
+            assert sum(1 for s in buckets if _a(s, n.DDP_BUCKET_LAST)) == 2 + 2, rank
+            expected = 0
+            for s in buckets:
+                assert _a(s, n.DDP_BUCKET_INDEX) == expected, rank
+                expected = 0 if _a(s, n.DDP_BUCKET_LAST) else expected + 1
+            assert expected == 0  # the last pass ended with its last bucket
 
 
 def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
+    native = ddp_job["mode"] == "native"
     for rank in range(ddp_job["ws"]):
         result = ddp_job["results"][rank]
         sizes = result["rebuilt_bucket_sizes"]
         assert len(sizes) >= 2, "the test model should need more than one bucket"
-        buckets = [
+        ours = [
             s for s in _collectives(ddp_job["spans"][rank])
             if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) == "default_pg"
         ]  # fmt: skip
+        buckets = [s for s in ours if s["name"] == "all_reduce"]
+        # The bucket rebuild's broadcasts, which the reducer issues itself: the native group records them.
+        rebuild = [s for s in ours if s["name"] == "broadcast"]
+        assert len(rebuild) == (result["profiler_broadcasts"] if native else 0) and (rebuild or not native)
+        assert all(_a(s, n.COLL_PHASE) == "forward" and _a(s, n.COLL_SOURCE) == "ddp_reducer" for s in rebuild)
         # Iteration 0 reduces one bucket with every gradient; the reducer then rebuilds its buckets.
         assert len(buckets) == result["profiler_all_reduces"]  # torch.profiler saw as many on the same steps
         first = [s for s in buckets if _a(s, n.DDP_BUCKET_BYTES) == sum(sizes)]
@@ -109,9 +158,13 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
             assert s["name"] == "all_reduce"
             assert _a(s, n.COLL_PHASE) == "backward"
             assert _a(s, n.COLL_MESSAGE_SIZE) == _a(s, n.DDP_BUCKET_BYTES)
-            assert _a(s, n.DDP_BUCKET_PARAMS) >= 1
             assert _a(s, n.COLL_END_SOURCE) == "future"
-            assert _a(s, n.COLL_SOURCE) == "ddp_hook"  # recorded by the trampoline itself, not via c10d
+            if native:
+                assert _a(s, n.COLL_SOURCE) == "ddp_reducer"
+                assert n.DDP_BUCKET_PARAMS not in s["attributes"]  # the reducer's buckets are not Python's to read
+            else:
+                assert _a(s, n.DDP_BUCKET_PARAMS) >= 1
+                assert _a(s, n.COLL_SOURCE) == "ddp_hook"  # recorded by the trampoline itself, not via c10d
         lasts = [s for s in rest if _a(s, n.DDP_BUCKET_LAST)]
         assert {_a(s, n.DDP_BUCKET_INDEX) for s in lasts} == {len(sizes) - 1}
 
@@ -119,9 +172,10 @@ def test_ddp_bucket_records_match_the_reducers_buckets(ddp_job):
 def test_ddp_moved_to_another_group_reduces_its_buckets_there(ddp_job):
     """DistributedDataParallel._update_process_group: the trampoline's all-reduce follows the model (it
     went on reducing over the old group)."""
+    source = "ddp_reducer" if ddp_job["mode"] == "native" else "ddp_hook"
     for rank in range(ddp_job["ws"]):
         moved = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "moved"]
-        buckets = [s for s in moved if _a(s, n.COLL_SOURCE) == "ddp_hook"]
+        buckets = [s for s in moved if _a(s, n.COLL_SOURCE) == source and s["name"] == "all_reduce"]
         assert len(buckets) >= 2  # a bucket or more in each of the two steps after the move
         assert {_a(s, n.COLL_PHASE) for s in buckets} == {"backward"}
 
@@ -131,16 +185,17 @@ def test_user_comm_hook_keeps_working_and_is_measured(ddp_job):
     for rank in range(ws):
         result = ddp_job["results"][rank]
         hooked = [s for s in _collectives(ddp_job["spans"][rank]) if _a(s, n.COLL_GROUP_DESC) == "hooked"]
-        bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp"]
+        bucket_records = [s for s in hooked if _a(s, n.COLL_FRAMEWORK) == "ddp" and s["name"] == "all_reduce"]
         assert result["hook_calls"] == len(bucket_records) > 0
         assert {_a(s, n.COLL_SOURCE) for s in bucket_records} == {"c10d"}
         # The trampoline's own records and those of the general path say the same things about a bucket.
         own = next(
             s for s in _collectives(ddp_job["spans"][rank])
-            if _a(s, n.COLL_GROUP_DESC) == "default_pg" and _a(s, n.COLL_FRAMEWORK) == "ddp"
+            if _a(s, n.COLL_GROUP_DESC) == "default_pg" and _a(s, n.COLL_FRAMEWORK) == "ddp" and s["name"] == "all_reduce"
         )  # fmt: skip
         general = bucket_records[-1]
-        assert set(own["attributes"]) == set(general["attributes"])
+        native_lacks = {n.DDP_BUCKET_PARAMS} if ddp_job["mode"] == "native" else set()
+        assert set(own["attributes"]) == set(general["attributes"]) - native_lacks
         for key in (n.COLL_OP, n.COLL_PHASE, n.COLL_ASYNC, n.COLL_DTYPE, n.COLL_REDUCE_OP, n.COLL_END_SOURCE):
             assert _a(own, key) == _a(general, key), key
         assert result["second_registration"] == "register_comm_hook or register_builtin_comm_hook can only be called once."
@@ -348,7 +403,9 @@ def test_wasteful_ddp_configuration_warns(ddp_job):
 def test_ddp_built_before_instrument_gets_bucket_records(tmp_path_factory):
     job = _job(tmp_path_factory, "ddp_built_before_instrument", 2, "early")
     colls = _collectives(job["spans"][0])
-    buckets = [s for s in colls if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) != "bn"]
+    buckets = [
+        s for s in colls if _a(s, n.COLL_FRAMEWORK) == "ddp" and _a(s, n.COLL_GROUP_DESC) != "bn" and s["name"] == "all_reduce"
+    ]  # fmt: skip
     assert len(buckets) == 1 + 2  # one bucket before the reducer rebuilds them, then two
     assert all(_a(s, n.DDP_BUCKET_BYTES) == _a(s, n.COLL_MESSAGE_SIZE) for s in buckets)
     # after uninstrument() the adopted model takes a comm hook (the reducer alone would refuse a second)
@@ -368,7 +425,8 @@ def test_compiled_collectives_seen_by_the_deep_mode_without_recompiling(tmp_path
         compiled = [s for s in _collectives(job["spans"][rank]) if _a(s, n.COLL_FRAMEWORK) != "ddp"]
         ddp = [s for s in _collectives(job["spans"][rank]) if _a(s, n.COLL_FRAMEWORK) == "ddp"]
         assert len(result["ddp_losses"]) == 3 and all(math.isfinite(x) for x in result["ddp_losses"])
-        assert sum(1 for s in ddp if _a(s, n.COLL_SOURCE) == "ddp_hook") >= 3  # a bucket or more a step
+        # a bucket or more a step, through the trampoline or the native group (whichever this machine has)
+        assert sum(1 for s in ddp if _a(s, n.COLL_SOURCE) in ("ddp_hook", "ddp_reducer") and s["name"] == "all_reduce") >= 3
         colls = [s for s in compiled if _a(s, n.COLL_OP) != "_broadcast_coalesced"]  # DDP's init broadcast
         assert Counter((s["name"], _a(s, n.COLL_MESSAGE_SIZE)) for s in colls) == {
             ("all_reduce", 32): 3,

@@ -46,7 +46,7 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import c10d as c10d_capture
-from . import completion, context, emit, groups
+from . import completion, context, ddp_native, emit, groups
 from . import record as R
 from .c10d import _current_context
 
@@ -345,8 +345,14 @@ def record_model(
     emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=set_gauges if gauges else None)
 
 
+def _capture_buckets(ddp: Any) -> None:
+    """The native process group under the reducer where it can be (ddp_native.py), else the trampoline."""
+    if not ddp_native.attach(ddp):
+        _install_trampoline(ddp)
+
+
 def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
-    _install_trampoline(ddp)
+    _capture_buckets(ddp)
     record_model(
         ddp.module,
         t_start,
@@ -406,6 +412,26 @@ def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
     trampoline.user_hook_registered = True
 
 
+def _wrap_register(orig):
+    """DistributedDataParallel.register_comm_hook / _register_builtin_comm_hook on a model the native group
+    records: the trampoline goes in first and takes the hook as its inner one, so the hook's collectives
+    carry the bucket's context as on any instrumented model (the native group stays for the reducer's own
+    collectives). Any other model: torch's method, or the trampoline's own bound on the model."""
+
+    def register(self, *args, **kwargs):
+        if _LIVE and ddp_native.is_attached(self) and self not in _state:
+            try:
+                _install_trampoline(self)
+            except Exception as exc:
+                health.error("ddp", "could not put the trampoline under a registered comm hook", exc)
+            if self in _state:
+                return getattr(self, orig.__name__)(*args, **kwargs)  # bound by _install_trampoline
+        return orig(self, *args, **kwargs)
+
+    register.__wrapped__ = orig
+    return register
+
+
 def _wrap_forward(orig):
     def forward(self, *args, **kwargs):
         if _is_compiling():
@@ -434,6 +460,10 @@ def _wrap_update_process_group(orig):
         if self.process_group is not new_process_group:
             return  # DDP ignores a group this rank is not in
         try:
+            if ddp_native.is_attached(self):
+                # The reducer now holds the new group itself: record it there as well.
+                ddp_native.forget(self)
+                ddp_native.attach(self)
             trampoline = _state.get(self)
             if trampoline is not None and not trampoline.user_hook_registered:
                 # The default all-reduce follows the model to its new group, as DDP's own does; a user's hook
@@ -472,6 +502,19 @@ def _wrap_match_unused(orig):
 
     _match_unused_params_allreduce.__wrapped__ = orig
     return _match_unused_params_allreduce
+
+
+def _wrap_match_all_reduce(orig):
+    """DDP's Join hook on a rank out of inputs: it all-reduces zero buckets through the reducer, outside any
+    backward pass. A new batch number tells the native capture one such pass from the next."""
+
+    def _match_all_reduce_for_bwd_pass(self):
+        if _LIVE:
+            R.SLOTS[1] += 1
+        return orig(self)
+
+    _match_all_reduce_for_bwd_pass.__wrapped__ = orig
+    return _match_all_reduce_for_bwd_pass
 
 
 def _wrap_sync_buffers(orig):
@@ -546,9 +589,12 @@ def patches() -> list[Patch]:
         Patch(sys.modules[__name__], "_LIVE", lambda _: True),
         Patch(DDP, "__init__", _wrap_init),
         Patch(DDP, "_update_process_group", _wrap_update_process_group),
+        Patch(DDP, "register_comm_hook", _wrap_register),
+        Patch(DDP, "_register_builtin_comm_hook", _wrap_register),
         Patch(DDP, "forward", _wrap_forward),
         Patch(DDP, "_sync_buffers", _wrap_sync_buffers),
         Patch(DDP, "_match_unused_params_allreduce", _wrap_match_unused),
+        Patch(DDP, "_match_all_reduce_for_bwd_pass", _wrap_match_all_reduce),
     ]
 
 
@@ -569,8 +615,8 @@ def adopt_existing() -> None:
     # An instance refers to its class (tp_traverse of heap types): the collector finds them in C, ~7x
     # faster than walking gc.get_objects() in Python, which took 0.25 s per 3 million objects.
     for obj in gc.get_referrers(*classes):
-        if type(obj) in classes and obj not in _state:
+        if type(obj) in classes and obj not in _state and not ddp_native.is_attached(obj):
             try:
-                _install_trampoline(obj)  # not where a hook is registered already: the reducer takes no second
+                _capture_buckets(obj)  # not where a hook is registered already: the reducer takes no second
             except Exception as exc:
                 health.error("ddp", "could not instrument an existing DDP model", exc)

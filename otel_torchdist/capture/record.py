@@ -63,6 +63,11 @@ def iter_shapes(flat: tuple):
 
 
 STEP: list = [None]  # the current step context, process-wide (steps.py sets it); backward threads see it too
+# Where C++ reads them (the native capture's slots while it is loaded, capture/ddp_native.py; else a buffer
+# nothing reads): [0] the current step's index, 0 for none (steps.py writes it with STEP), [1] a batch
+# number for buckets issued outside a backward pass (ddp.py, DDP's Join hook).
+NO_SLOTS = memoryview(bytearray(16)).cast("q")
+SLOTS = NO_SLOTS
 _graph_task_id = None
 
 

@@ -1,0 +1,296 @@
+"""DDP on gloo recorded by the native process group: no comm hook, so DDP keeps its own bucket path.
+
+A DDP built (or found) while instrumented, on a gloo group, with no comm hook, and with the native part
+built (``otel_torchdist.native``), has its reducer handed a ``TimedGroup`` over its group instead of the
+trampoline comm hook of ddp.py. The reducer issues every collective of its own through it: each
+gradient bucket's all-reduce, the unused-parameter map's all-reduce (``find_unused_parameters``, a static
+graph's first iteration), the broadcasts of a bucket rebuild. The C++ side records each one (times, sizes,
+sequence number, the step index from the step slot, the autograd graph task) and this module turns the
+entries into the records every other capture makes, on the drain thread.
+
+A bucket is an all-reduce of floating-point values issued inside a backward pass. The reducer launches a
+backward's buckets in index order, each once, so a bucket's index is its place among its backward's
+all-reduces on that group. Whether it is the last is known once the backward is over: a backward's buckets
+are held until another backward on the group issues one, the step changes, or ``HOLD_NS`` pass, then
+released together. The model's ``process_group``, and everything Python does with it, stay the real
+group; DDP's parameters are what they are without otel-torchdist (no hook, no pass of ours).
+
+What the comm hook gives and this does not: the caller's own OpenTelemetry span at the bucket (the
+reducer runs it in C++; bucket spans hang under the step's span) and the parameter count of a bucket.
+"""
+
+from __future__ import annotations
+
+import logging
+import weakref
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+from .. import bandwidth as bw
+from .. import health
+from .. import names as n
+from . import context, groups
+from . import record as R
+
+_log = logging.getLogger("otel_torchdist")
+SOURCE = "ddp_reducer"
+HOLD_NS = 5_000_000_000  # a backward's buckets wait at most this long for the backward to be known over
+
+# Entry fields, as timed_group.cpp's as_tuple() writes them.
+(E_GID, E_OP, E_T0, E_T1, E_NBYTES, E_NUMEL, E_NTENSORS, E_DTYPE, E_SEQ, E_ROOT, E_REDOP, E_STEP, E_TASK, E_ERROR,
+ E_BATCH) = range(15)
+_OPS = {0: ("all_reduce", bw.ALL_REDUCE), 1: ("broadcast", bw.BROADCAST)}
+_REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
+
+# The loaded native module while instrumented with it, else None.
+_mod: Any = None
+# DDP -> the TimedGroup its reducer holds (while instrumented).
+_attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_hinted = False
+
+
+def active() -> bool:
+    return _mod is not None
+
+
+def activate(mode: str, capacity: int) -> None:
+    """Load the native part for this instrument() (``mode``: config ``native``); a failure is logged, never
+    raised: DDP is then captured through its comm hook."""
+    global _mod
+    if mode == "off":
+        return
+    from .. import native
+
+    try:
+        mod = native.load(build=mode == "build")
+    except Exception as exc:  # a failed build or load costs the hook path, never the job
+        health.error("native", "the native part could not be loaded; DDP is captured through its comm hook", exc)
+        return
+    if mod is None:
+        return
+    mod.set_capacity(capacity)
+    mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
+    mod.take_dropped()
+    slots = memoryview(mod.slots()).cast("q")
+    slots[0] = R.STEP[0][0] if R.STEP[0] is not None else 0
+    R.SLOTS = slots
+    _held.clear()
+    _mod = mod
+
+
+def deactivate(restore: bool) -> None:
+    """End of instrument(): give attached reducers their real group back when ``restore``."""
+    global _mod
+    if _mod is None:
+        return
+    if restore:
+        for ddp, group in list(_attached.items()):
+            try:
+                ddp.reducer._update_process_group(group.inner)
+            except Exception as exc:
+                health.error("ddp", "could not give a DDP reducer its process group back", exc)
+        _attached.clear()
+    R.SLOTS[0] = 0
+    R.SLOTS = R.NO_SLOTS
+    _mod = None
+
+
+def eligible(ddp: Any) -> bool:
+    group = ddp.process_group
+    try:
+        return group is not None and group._get_backend_name() == "gloo"
+    except Exception:
+        return False
+
+
+def attach(ddp: Any) -> bool:
+    """Hand ``ddp``'s reducer a TimedGroup over its group; False where the comm hook must do instead."""
+    if _mod is None or getattr(ddp, "reducer", None) is None or not eligible(ddp):
+        if _mod is None and not _hinted and eligible_quietly(ddp):
+            _hint()
+        return False
+    if ddp._get_ddp_logging_data().get("comm_hook"):
+        return False  # a hook is in already: it issues the buckets, not the reducer's group
+    gi = groups.info(ddp.process_group)
+    if gi is None:
+        return False
+    timed = _mod.TimedGroup(ddp.process_group, gi.gid)
+    ddp.reducer._update_process_group(timed)  # swaps the reducer's group under its lock, nothing else
+    _attached[ddp] = timed
+    return True
+
+
+def eligible_quietly(ddp: Any) -> bool:
+    try:
+        return getattr(ddp, "reducer", None) is not None and eligible(ddp)
+    except Exception:
+        return False
+
+
+def _hint() -> None:
+    global _hinted
+    _hinted = True
+    _log.info(
+        "otel-torchdist: DDP's buckets are recorded through a comm hook, which costs DDP a pass over each "
+        "bucket (about 1.5 %% of a small model's step on CPU); `otel-torchdist build-native` builds the "
+        "native capture that spares it (docs/performance.md)"
+    )
+
+
+def is_attached(ddp: Any) -> bool:
+    return ddp in _attached
+
+
+def forget(ddp: Any) -> None:
+    """The model's reducer no longer holds its TimedGroup (another group was handed to it)."""
+    _attached.pop(ddp, None)
+
+
+# ------------------------------------------------------------------------------------------ the drain
+class _Backward:
+    """The buckets one backward pass (or one pass of DDP's Join hook) issued on one group so far, in index
+    order. ``key``: (graph task, step, batch), which tells one pass from the next."""
+
+    __slots__ = ("key", "step", "records", "last_t")
+
+    def __init__(self, key: tuple, step: int) -> None:
+        self.key, self.step, self.records, self.last_t = key, step, [], 0
+
+
+_held: dict[int, _Backward] = {}  # group id -> its backward being held
+_contexts: dict[tuple, tuple] = {}
+_steps: dict[int, tuple | None] = {}
+
+
+def _step_context(index: int, tracker: Any) -> tuple | None:
+    """R.STEP's tuple for step ``index`` (the same one the training thread had: derived from the index)."""
+    if not index:
+        return None
+    current = R.STEP[0]
+    if current is not None and current[0] == index:
+        return current
+    ctx = _steps.get(index)
+    if ctx is None and tracker is not None and tracker.trace_key is not None:
+        if len(_steps) > 16:
+            _steps.clear()
+        ctx = _steps[index] = tracker._context(index)
+    return ctx
+
+
+def _bucket_context(index: int, nbytes: int, last: bool) -> tuple:
+    key = (index, nbytes, last)
+    ctx = _contexts.get(key)
+    if ctx is None:
+        if len(_contexts) > 4096:
+            _contexts.clear()
+        extras = (n.DDP_BUCKET_INDEX, index, n.DDP_BUCKET_BYTES, nbytes, n.DDP_BUCKET_LAST, last)
+        ctx = _contexts[key] = context.derive(framework="ddp", phase="backward", extras=extras)
+    return ctx
+
+
+_PHASE_CONTEXTS = {}
+
+
+def _phase_context(backward: bool) -> tuple:
+    ctx = _PHASE_CONTEXTS.get(backward)
+    if ctx is None:
+        ctx = _PHASE_CONTEXTS[backward] = context.derive(framework="ddp", phase="backward" if backward else "forward")
+    return ctx
+
+
+def _record(e: tuple, tracker: Any, end: str | None) -> list:
+    op, kind = _OPS.get(e[E_OP], ("unknown", bw.ALL_REDUCE))
+    rec = R.new(op, kind, SOURCE, e[E_GID])
+    rec[R.SEQ] = e[E_SEQ] if e[E_SEQ] >= 0 else None
+    rec[R.T_START] = e[E_T0]
+    rec[R.T_END] = e[E_T1]
+    rec[R.NBYTES] = e[E_NBYTES]
+    rec[R.NUMEL] = e[E_NUMEL]
+    rec[R.NTENSORS] = e[E_NTENSORS]
+    rec[R.DTYPE] = e[E_DTYPE]
+    rec[R.SHAPES] = (1, e[E_NUMEL]) if e[E_NTENSORS] == 1 else ()
+    rec[R.ASYNC] = True
+    rec[R.REDOP] = _REDOPS.get(e[E_REDOP]) if e[E_REDOP] >= 0 else None
+    rec[R.ROOT] = (None, e[E_ROOT]) if e[E_ROOT] >= 0 else None
+    rec[R.END] = end
+    if e[E_ERROR] is not None:
+        rec[R.ERROR] = ("DistBackendError", e[E_ERROR])
+    rec[R.BWD] = e[E_TASK] != -1
+    rec[R.STEPCTX] = _step_context(e[E_STEP], tracker)
+    rec[R.CTX] = _phase_context(rec[R.BWD])
+    return rec
+
+
+def _is_bucket(e: tuple) -> bool:
+    """A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
+    Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward)."""
+    dtype = e[E_DTYPE]
+    return e[E_OP] == 0 and dtype is not None and dtype.is_floating_point and e[E_ERROR] is None
+
+
+def _issue_order(rec: list) -> tuple:
+    return (rec[R.SEQ] if rec[R.SEQ] is not None else -1, rec[R.T_START])
+
+
+def _release(held: _Backward, out: list) -> None:
+    records = held.records
+    records.sort(key=_issue_order)  # entries come in the order they completed; a small bucket may finish first
+    last = len(records) - 1
+    for i, rec in enumerate(records):
+        rec[R.CTX] = _bucket_context(i, rec[R.NBYTES], i == last)  # phase backward, as the comm hook says
+        out.append(tuple(rec))
+
+
+def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
+    """Records of the collectives completed since the last call, in the order the pipeline processes them;
+    a backward's buckets once the backward is known to be over (``force``: all of them now)."""
+    mod = _mod
+    if mod is None:
+        return []
+    out: list[tuple] = []
+    dropped = mod.take_dropped()
+    if dropped:
+        R._dropped[0] += dropped
+    slot = R.SLOTS[0]
+    for e in mod.take():
+        rec = _record(e, tracker, n.END_FUTURE)
+        if not _is_bucket(e):
+            out.append(tuple(rec))
+            continue
+        gid = e[E_GID]
+        key = (e[E_TASK], e[E_STEP], e[E_BATCH])
+        held = _held.get(gid)
+        if held is not None and held.key != key:
+            _release(_held.pop(gid), out)
+            held = None
+        if held is None:
+            held = _held[gid] = _Backward(key, e[E_STEP])
+        held.records.append(rec)
+        held.last_t = e[E_T1]
+    for gid in list(_held):
+        held = _held[gid]
+        if force or held.step != slot or now - held.last_t > HOLD_NS:
+            _release(_held.pop(gid), out)
+    return out
+
+
+def in_flight() -> list[tuple]:
+    """Records of the collectives issued through a TimedGroup and not completed (for the hang watchdog)."""
+    mod = _mod
+    if mod is None:
+        return []
+    return [tuple(_record(e, None, None)) for e in mod.in_flight()]
+
+
+def abandon(tracker: Any) -> list[list]:
+    """At close: what is still in flight, as records to complete as unfinished (taken out of the log, so a
+    late completion is not recorded a second time)."""
+    mod = _mod
+    if mod is None:
+        return []
+    return [_record(e, tracker, n.END_UNFINISHED) for e in mod.abandon()]
+
+
+__all__ = ["SOURCE", "activate", "attach", "deactivate", "forget", "in_flight", "is_attached", "take", "abandon"]

@@ -1,0 +1,287 @@
+// otel-torchdist's native part: a process group for DDP's reducer that records every collective the
+// reducer issues through it (gradient buckets, the unused-parameter map, bucket-rebuild broadcasts) without
+// running any Python, so DDP keeps its hook-free path (gradients scaled while copied into the bucket).
+//
+// The reducer holds this group in place of the model's own; each call goes to the real group unchanged.
+// The record is an Entry: issued (start time, sizes, the group's sequence number, the training step that
+// the Python side last wrote into the step slot, the autograd graph task), then completed in a callback on
+// the collective's future (end time, error). The reducer is handed a work whose future completes after that
+// callback, so a backward pass that returns has every one of its entries in the done list: the Python
+// drain sees a step's collectives before the step's close. Python takes entries with take() (done) and
+// in_flight() (issued, not completed: what the hang watchdog reports).
+#include <torch/extension.h>
+#include <torch/csrc/autograd/graph_task.h>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+
+#include <time.h>
+
+#include <atomic>
+#include <cstdint>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+namespace {
+
+// Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
+// another version (a stale cache).
+constexpr int kVersion = 1;
+
+enum Op : int { kAllreduce = 0, kBroadcast = 1 };
+
+// time.perf_counter_ns() on Linux: CLOCK_MONOTONIC, so records from here and from Python share one clock.
+int64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+
+struct Entry {
+  int64_t gid = 0;  // the Python side's group id (groups.BY_ID)
+  int op = 0;
+  int64_t t0 = 0, t1 = 0;
+  int64_t nbytes = 0, numel = 0, ntensors = 0;
+  at::ScalarType dtype = at::ScalarType::Undefined;
+  int64_t seq = -1;
+  int64_t root = -1;  // group rank of a broadcast's root
+  int redop = -1;
+  int64_t step = 0;  // the step slot's value at issue: the training step's index, 0 outside steps
+  int64_t graph_task = -1;  // autograd graph task issuing it, -1 outside a backward pass
+  int64_t batch = 0;  // the batch slot's value at issue (DDP's Join hook numbers its shadow passes there)
+  bool failed = false;
+  std::string error;
+};
+
+// Everything shared by the groups of a process, behind one lock: one take() drains them all.
+struct Log {
+  std::mutex mu;
+  std::vector<Entry> done;
+  std::unordered_map<uint64_t, Entry> flying;
+  uint64_t next_key = 0;
+  size_t capacity = 65536;  // done entries kept for the drain; beyond, counted in dropped
+  int64_t dropped = 0;
+};
+
+Log& log() {
+  static Log* instance = new Log();  // never destroyed: callbacks may run on backend threads at exit
+  return *instance;
+}
+
+// Written by Python, read here: [0] the current training step's index (0: none), [1] a batch number that
+// Python bumps around calls that issue buckets outside a backward pass (DDP's Join hook).
+alignas(16) int64_t slots[2] = {0, 0};
+
+uint64_t begin_entry(const Entry& e) {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  uint64_t key = l.next_key++;
+  l.flying.emplace(key, e);
+  return key;
+}
+
+void set_seq(uint64_t key, int64_t seq) {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  auto it = l.flying.find(key);
+  if (it != l.flying.end()) it->second.seq = seq;
+}
+
+void end_entry(uint64_t key, int64_t t1, bool failed, std::string error, int64_t seq) {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  auto it = l.flying.find(key);
+  if (it == l.flying.end()) return;
+  Entry e = std::move(it->second);
+  l.flying.erase(it);
+  e.t1 = t1;
+  e.failed = failed;
+  e.error = std::move(error);
+  if (seq >= 0) e.seq = seq;
+  if (l.done.size() < l.capacity) {
+    l.done.push_back(std::move(e));
+  } else {
+    ++l.dropped;
+  }
+}
+
+// The work the reducer gets: the real one, with a future that completes once the entry is ended.
+class TimedWork : public c10d::Work {
+ public:
+  TimedWork(c10::intrusive_ptr<c10d::Work> inner, c10::intrusive_ptr<c10::ivalue::Future> fut)
+      : inner_(std::move(inner)), fut_(std::move(fut)) {}
+
+  bool isCompleted() override { return fut_->completed(); }
+  bool isSuccess() const override { return inner_->isSuccess(); }
+  std::exception_ptr exception() const override { return inner_->exception(); }
+  int sourceRank() const override { return inner_->sourceRank(); }
+  std::vector<at::Tensor> result() override { return inner_->result(); }
+  void synchronize() override { inner_->synchronize(); }
+  bool wait(std::chrono::milliseconds timeout) override {
+    bool ok = inner_->wait(timeout);  // raises the collective's error, as the real work's wait does
+    fut_->wait();
+    return ok;
+  }
+  void abort() override { inner_->abort(); }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return fut_; }
+  uint64_t getSequencenumber() const override { return inner_->getSequencenumber(); }
+
+ private:
+  c10::intrusive_ptr<c10d::Work> inner_;
+  c10::intrusive_ptr<c10::ivalue::Future> fut_;
+};
+
+class TimedGroup : public c10d::ProcessGroup {
+ public:
+  TimedGroup(const c10::intrusive_ptr<c10d::ProcessGroup>& inner, int64_t gid)
+      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid) {
+    auto bound = inner_->getBoundDeviceId();
+    if (bound) setBoundDeviceId(bound);
+    // Any call not recorded below reaches the real group's backends, registered here as well.
+    for (const auto& device : inner_->getDeviceTypes()) {
+      setBackend(device.type(), inner_->getBackendType(), inner_->getBackend(device.type()));
+    }
+    setDefaultBackend(inner_->getBackendType());
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors, const c10d::AllreduceOptions& opts) override {
+    return issue(kAllreduce, tensors, -1, int(opts.reduceOp.op_), [&] { return inner_->allreduce(tensors, opts); });
+  }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors, const c10d::BroadcastOptions& opts) override {
+    return issue(kBroadcast, tensors, opts.rootRank, -1, [&] { return inner_->broadcast(tensors, opts); });
+  }
+
+  uint64_t getSequenceNumberForGroup() override { return inner_->getSequenceNumberForGroup(); }
+  void setSequenceNumberForGroup() override { inner_->setSequenceNumberForGroup(); }
+  const std::string getBackendName() const override { return inner_->getBackendName(); }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> inner() const { return inner_; }
+  int64_t gid() const { return gid_; }
+
+ private:
+  template <typename Call>
+  c10::intrusive_ptr<c10d::Work> issue(int op, std::vector<at::Tensor>& tensors, int64_t root, int redop, Call call) {
+    Entry e;
+    e.gid = gid_;
+    e.op = op;
+    e.root = root;
+    e.redop = redop;
+    e.ntensors = int64_t(tensors.size());
+    for (const auto& t : tensors) {
+      e.nbytes += int64_t(t.nbytes());
+      e.numel += t.numel();
+    }
+    if (!tensors.empty()) e.dtype = tensors[0].scalar_type();
+    e.step = __atomic_load_n(&slots[0], __ATOMIC_RELAXED);
+    e.batch = __atomic_load_n(&slots[1], __ATOMIC_RELAXED);
+    e.graph_task = torch::autograd::get_current_graph_task_id();
+    e.t0 = now_ns();
+    uint64_t key = begin_entry(e);
+    c10::intrusive_ptr<c10d::Work> work;
+    try {
+      work = call();
+    } catch (const std::exception& exc) {
+      end_entry(key, now_ns(), true, exc.what(), -1);
+      throw;
+    }
+    int64_t seq = int64_t(inner_->getSequenceNumberForGroup());
+    set_seq(key, seq);  // before completion, for the hang watchdog's in_flight()
+    auto fut = work->getFuture();
+    auto child = fut->then(
+        [key, seq](c10::ivalue::Future& parent) -> c10::IValue {
+          int64_t t1 = now_ns();
+          if (parent.hasError()) {
+            end_entry(key, t1, true, parent.tryRetrieveErrorMessage(), seq);
+          } else {
+            end_entry(key, t1, false, std::string(), seq);
+          }
+          return parent.value();  // rethrows a failure into the reducer's future
+        },
+        fut->elementType());
+    return c10::make_intrusive<TimedWork>(std::move(work), std::move(child));
+  }
+
+  c10::intrusive_ptr<c10d::ProcessGroup> inner_;
+  int64_t gid_;
+};
+
+py::tuple as_tuple(const Entry& e) {
+  py::object dtype = e.dtype == at::ScalarType::Undefined ? py::none() : py::cast(e.dtype);
+  py::object error = e.failed ? py::object(py::str(e.error)) : py::none();
+  return py::make_tuple(e.gid, e.op, e.t0, e.t1, e.nbytes, e.numel, e.ntensors, dtype, e.seq, e.root, e.redop,
+                        e.step, e.graph_task, error, e.batch);
+}
+
+py::list take() {
+  std::vector<Entry> got;
+  {
+    auto& l = log();
+    std::lock_guard<std::mutex> g(l.mu);
+    got.swap(l.done);
+  }
+  py::list out;
+  for (const auto& e : got) out.append(as_tuple(e));
+  return out;
+}
+
+py::list in_flight() {
+  std::vector<Entry> got;
+  {
+    auto& l = log();
+    std::lock_guard<std::mutex> g(l.mu);
+    got.reserve(l.flying.size());
+    for (const auto& kv : l.flying) got.push_back(kv.second);
+  }
+  py::list out;
+  for (const auto& e : got) out.append(as_tuple(e));
+  return out;
+}
+
+py::list abandon() {
+  std::vector<Entry> got;
+  {
+    auto& l = log();
+    std::lock_guard<std::mutex> g(l.mu);
+    for (auto& kv : l.flying) got.push_back(std::move(kv.second));
+    l.flying.clear();  // a completion after this finds no entry and records nothing
+  }
+  py::list out;
+  for (const auto& e : got) out.append(as_tuple(e));
+  return out;
+}
+
+int64_t take_dropped() {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  int64_t n = l.dropped;
+  l.dropped = 0;
+  return n;
+}
+
+void set_capacity(int64_t n) {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  l.capacity = n > 0 ? size_t(n) : 0;
+}
+
+}  // namespace
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  py::module::import("torch.distributed");  // registers the ProcessGroup type this one derives from
+  py::class_<TimedGroup, c10d::ProcessGroup, c10::intrusive_ptr<TimedGroup>>(m, "TimedGroup")
+      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t>(), py::arg("inner"), py::arg("gid"))
+      .def_property_readonly("inner", &TimedGroup::inner)
+      .def_property_readonly("gid", &TimedGroup::gid);
+  m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
+  m.def("in_flight", &in_flight, "Entries of collectives issued and not completed.");
+  m.def("abandon", &abandon, "Entries of collectives in flight, removed: reported unfinished, never completed.");
+  m.def("take_dropped", &take_dropped, "Entries dropped since the last call (the done list was full).");
+  m.def("set_capacity", &set_capacity, "How many completed entries wait for take() before new ones are dropped.");
+  m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");
+  m.def("slots", [] { return py::memoryview::from_memory(slots, sizeof(slots), false); },
+        "The two int64 the Python side writes: the current step's index, the batch number.");
+  m.attr("VERSION") = kVersion;
+}
