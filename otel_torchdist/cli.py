@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import time
 
 RUN_HELP = (
     "A run folder (<run_dir>/<run id>, holding every rank's traces.rank<R>.jsonl and metrics.rank<R>.jsonl), "
@@ -159,6 +160,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     export.add_argument("run", metavar="RUN", help=RUN_HELP)
     export.add_argument("--perfetto", metavar="OUT.json", help="Write the Chrome/Perfetto trace to this file.")
+
+    build = sub.add_parser(
+        "build-native",
+        help="Compile the native capture of DDP (C++) for the installed torch, once.",
+        description=(
+            "Compile otel-torchdist's native part against the installed torch (a C++ compiler and ninja needed; "
+            "about a minute): DDP on gloo is then recorded without a comm hook, sparing DDP a pass over every "
+            "bucket. The build goes to a cache folder (OTEL_TORCHDIST_NATIVE_DIR, default ~/.cache/otel-torchdist/native), "
+            "one per torch version; instrument() loads it when it is there."
+        ),
+    )
+    build.add_argument("--verbose", action="store_true", help="Show the compiler's commands and output.")
+    build.add_argument("--check", action="store_true", help="Only say whether it is built for this torch (exit 1 if not).")
     return parser
 
 
@@ -254,7 +268,33 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
     return 0
 
 
-COMMANDS = {"demo": cmd_demo, "analyze": cmd_analyze, "compare": cmd_compare, "plot": cmd_plot, "export": cmd_export}
+def cmd_build_native(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from . import native
+
+    if args.check:
+        if not native.is_built():
+            raise _Failed(f"not built for this torch: no {native.library_path()} (run otel-torchdist build-native)")
+        native.load()
+        print(f"built: {native.library_path()}")
+        return 0
+    started = time.monotonic()
+    try:
+        path = native.build(verbose=args.verbose)
+        native.load()
+    except native.NativeBuildError as exc:
+        raise _Failed(str(exc)) from None
+    print(f"built {path} in {time.monotonic() - started:.0f} s; instrument() uses it for DDP on gloo")
+    return 0
+
+
+COMMANDS = {
+    "demo": cmd_demo,
+    "analyze": cmd_analyze,
+    "compare": cmd_compare,
+    "plot": cmd_plot,
+    "export": cmd_export,
+    "build-native": cmd_build_native,
+}
 
 
 def main(argv: list[str] | None = None) -> int:

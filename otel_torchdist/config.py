@@ -423,7 +423,7 @@ OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
 
 def _warn_unknown_variables(env: Mapping[str, str]) -> None:
     """A misspelled variable would be ignored without a word (a misspelled keyword raises TypeError)."""
-    unknown = sorted(var for var in env if var.startswith(PREFIX) and var not in ENV_VARS)
+    unknown = sorted(var for var in env if var.startswith(PREFIX) and var not in ENV_VARS and var not in ELSEWHERE)
     if not unknown:
         return
     said = []
@@ -661,6 +661,9 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
 )
 
 ENV_VARS = tuple(var for var, _, _ in _ENV)
+# Read outside the configuration: where the native part's builds live (otel_torchdist.native, which
+# `otel-torchdist build-native` uses without a Config).
+ELSEWHERE = (PREFIX + "NATIVE_DIR",)
 """Every variable :func:`load` reads (the frozen-names test and the docs list them)."""
 
 

@@ -163,3 +163,50 @@ def hang(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return result
+
+
+def ddp_hang(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """DDP recorded by the native group: rank 0 stops after two steps; the others' next backward waits in
+    its bucket's all-reduce, issued by DDP's reducer in C++, until gloo's timeout."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from otel_torchdist.capture import ddp_native
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=args["timeout"]))
+    x = torch.randn(8, 16, generator=torch.Generator().manual_seed(rank))
+    # The same hang uninstrumented first, on a group of its own with a short timeout: what training sees.
+    short = dist.new_group(list(range(ws)), timeout=datetime.timedelta(seconds=2))
+    reference = DDP(_mlp(), process_group=short)
+    for _ in range(2):
+        reference(x).square().mean().backward()
+    uninstrumented_error = None
+    if rank == 0:
+        time.sleep(2 + 1)
+    else:
+        try:
+            reference(x).square().mean().backward()
+        except Exception as exc:
+            uninstrumented_error = f"{type(exc).__name__}: {str(exc)[:300]}"
+    dist.barrier()
+    _instrument(out, f"ddp-hang-ws{ws}", native="auto", hang_threshold=args["threshold"], span_schedule_delay=0.5,
+                metric_export_interval=0.5, straggler_exchange_steps=0)  # fmt: skip
+    model = DDP(_mlp())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    result: dict = {"attached": ddp_native.is_attached(model), "uninstrumented_error": uninstrumented_error}
+    for _ in range(2):  # the second forward rebuilds the buckets (the reducer's broadcasts)
+        model(x).square().mean().backward()
+        opt.step()
+    if rank == 0:
+        time.sleep(args["timeout"] + 2)  # skip the next step, and stay away until the others have given up
+    else:
+        t0 = time.monotonic()
+        try:
+            model(x).square().mean().backward()
+        except RuntimeError as exc:
+            result["raised_after"] = time.monotonic() - t0
+            result["error"] = f"{type(exc).__name__}: {str(exc)[:300]}"
+        path = os.path.join(out, "runs", f"ddp-hang-ws{ws}", f"traces.rank{rank}.jsonl")
+        result["traces_while_stuck"] = open(path).read() if os.path.exists(path) else ""
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return result

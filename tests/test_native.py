@@ -1,0 +1,180 @@
+"""The native part (otel_torchdist/native): built with ``otel-torchdist build-native``, it records DDP's
+reducer on gloo without a comm hook (capture/ddp_native.py). test_training_paths.py runs its DDP jobs with
+it and with the comm hook; here: its lifecycle, its failures, what it drops, and a hang inside the reducer."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+import torch
+
+from otel_torchdist import names as n
+from otel_torchdist import native
+from otel_torchdist.capture import record as R
+
+from .harness import last_metrics, library_log, read_spans, run_ranks
+
+
+def _train(model, steps: int) -> None:
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(steps):
+        model(torch.randn(8, 16, generator=gen)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+
+
+def _mlp():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+
+
+# ------------------------------------------------------------------------------------------ building
+def test_check_and_build_errors_name_what_is_missing(tmp_path, monkeypatch, capsys):
+    from otel_torchdist import cli
+
+    monkeypatch.setenv("OTEL_TORCHDIST_NATIVE_DIR", str(tmp_path / "native"))
+    assert cli.main(["build-native", "--check"]) == 1
+    err = capsys.readouterr().err
+    assert "not built for this torch" in err and str(tmp_path / "native") in err and "otel-torchdist build-native" in err
+    monkeypatch.setenv("CXX", str(tmp_path / "no-such-compiler"))
+    assert cli.main(["build-native"]) == 1
+    err = capsys.readouterr().err
+    assert "missing a C++ compiler" in err and "no-such-compiler" in err and "set CXX" in err
+
+
+def test_builds_are_kept_apart_by_torch_python_and_source(tmp_path, monkeypatch):
+    monkeypatch.setenv("OTEL_TORCHDIST_NATIVE_DIR", str(tmp_path))
+    name = native.build_dir().name
+    assert name.startswith(f"torch{torch.__version__}".replace("+", "_"))
+    assert "cpython" in name or "pypy" in name
+    # the source's digest: a changed timed_group.cpp never loads an older build
+    import hashlib
+
+    assert name.endswith(hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()[:12])
+
+
+def test_the_setting_is_checked_by_name(monkeypatch):
+    from otel_torchdist.config import Config, OptionError
+
+    with pytest.raises(OptionError, match="native"):
+        Config(native="sometimes").validate()
+
+
+def test_without_a_build_ddp_takes_the_comm_hook_and_says_how_to_spare_it(tmp_path, monkeypatch, gloo_alone, instrumented):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from otel_torchdist.capture import ddp as ddp_capture
+    from otel_torchdist.capture import ddp_native
+
+    monkeypatch.setenv("OTEL_TORCHDIST_NATIVE_DIR", str(tmp_path / "empty"))
+    monkeypatch.setattr(native, "_loaded", None)  # an earlier test of this process may have loaded it
+    with library_log() as lines:
+        instrumented(run_id="no-build", log_level="INFO")
+        model = DDP(_mlp())
+    assert not ddp_native.active() and not ddp_native.is_attached(model)
+    assert model in ddp_capture._state  # the trampoline comm hook
+    assert [line for line in lines if "otel-torchdist build-native" in line]
+
+
+# ----------------------------------------------------------------------------------- in one process
+def test_attached_while_instrumented_and_given_back_after(native_built, gloo_alone, instrumented):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist.capture import ddp_native
+
+    folder = instrumented(run_id="native-life")
+    model = DDP(_mlp())
+    assert ddp_native.is_attached(model)
+    _train(model, 3)
+    otel_torchdist.uninstrument()
+    mod = native.load()
+    assert not ddp_native.active() and not ddp_native.is_attached(model)
+    _train(model, 2)  # the reducer has its own group back: nothing passes through the native one
+    assert mod.take() == [] and mod.in_flight() == []
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    steps = {s["traceId"]: s for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    buckets = [s for s in spans if s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" and s["name"] == "all_reduce"]
+    assert len(buckets) == 3  # one bucket a step on this small model
+    for s in buckets:
+        step = steps[s["traceId"]]  # under the step it was issued in
+        assert s["parentSpanId"] == step["spanId"]
+        assert int(step["startTimeUnixNano"]) <= int(s["startTimeUnixNano"]) <= int(s["endTimeUnixNano"]) <= int(step["endTimeUnixNano"])
+        assert s["attributes"][n.DDP_BUCKET_INDEX] == 0 and s["attributes"][n.DDP_BUCKET_LAST] is True
+    # instrumented again: the model is found and attached again
+    instrumented(run_id="native-again")
+    assert ddp_native.is_attached(model)
+
+
+def test_a_failing_call_raises_unchanged_and_is_recorded_failed(native_built, gloo_alone, instrumented):
+    import torch.distributed as dist
+
+    from otel_torchdist.capture import ddp_native, groups
+
+    instrumented(run_id="native-fail")
+    mod = native.load()
+    timed = mod.TimedGroup(dist.group.WORLD, groups.info(dist.group.WORLD).gid)
+    bad = [torch.ones(4), torch.ones(5)]  # gloo takes one tensor per call on CPU
+    with pytest.raises(Exception) as real:
+        dist.group.WORLD.allreduce(bad).wait()
+    with pytest.raises(type(real.value)) as ours:
+        timed.allreduce(bad).wait()
+    assert str(ours.value) == str(real.value)
+    (rec,) = [r for r in ddp_native.take(None, 0, force=True) if r[R.ERROR] is not None]
+    assert rec[R.NBYTES] == 4 * 9 and rec[R.NTENSORS] == 2 and rec[R.OP] == "all_reduce" and rec[R.T_END] >= rec[R.T_START]
+
+
+def test_entries_beyond_the_capacity_are_dropped_and_counted(native_built, gloo_alone, instrumented):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from otel_torchdist import runtime
+    from otel_torchdist.capture import record
+
+    instrumented(run_id="native-drop", drain_interval=3600.0)
+    model = DDP(_mlp())
+    _train(model, 2)  # past the bucket rebuild (two broadcasts of the reducer's own)
+    runtime.current().flush(30)
+    mod = native.load()
+    mod.set_capacity(2)
+    before = record.dropped_records()
+    try:
+        _train(model, 5)  # a bucket a step: 5 entries, 2 kept
+    finally:
+        mod.set_capacity(65536)
+    runtime.current().flush(30)
+    assert record.dropped_records() - before == 3
+
+
+# ---------------------------------------------------------------------------------- a hang in C++
+@pytest.fixture(scope="module")
+def hang_job(tmp_path_factory, native_built):
+    out = str(tmp_path_factory.mktemp("ddphang"))
+    results = run_ranks("scenarios_steps:ddp_hang", 2, out, {"threshold": 1.5, "timeout": 6})
+    folder = os.path.join(out, "runs", "ddp-hang-ws2")
+    return {"results": results, "folder": folder}
+
+
+def test_a_bucket_stuck_in_the_reducer_is_reported_while_it_waits(hang_job):
+    result = hang_job["results"][1]
+    assert hang_job["results"][0]["attached"] and result["attached"]
+    assert result["raised_after"] > 5  # stuck in the reducer's all-reduce until gloo's timeout
+    assert "collective.hang" in result["traces_while_stuck"]  # reported before the call gave up
+    spans = read_spans(os.path.join(hang_job["folder"], "traces.rank1.jsonl"))
+    (hang,) = [s for s in spans if s["name"] == n.SPAN_HANG]
+    a = hang["attributes"]
+    assert a[n.COLL_OP] == "all_reduce" and a[n.COLL_GROUP_DESC] == "default_pg"
+    assert 1.5 <= a[n.HANG_WAITED] < 3.0
+    # the all-reduce that failed at gloo's timeout is that one (same sequence number), its error recorded
+    (failed,) = [s for s in spans if s["name"] == "all_reduce" and s.get("status", {}).get("code") == 2]
+    assert failed["attributes"][n.COLL_SEQ] == a[n.COLL_SEQ]
+    assert failed["attributes"][n.COLL_SOURCE] == "ddp_reducer" and failed["attributes"][n.COLL_PHASE] == "backward"
+    assert failed["attributes"][n.COLL_MESSAGE_SIZE] == 4 * sum(p.numel() for p in _mlp().parameters())  # its bucket
+    assert failed["attributes"]["error.type"] == "DistBackendError" and "Timed out" in failed["status"]["message"]
+    assert failed["attributes"][n.COLL_DURATION] > 5
+    # what training saw is what it sees uninstrumented (that run's timeout was 2 s)
+    assert result["error"] == result["uninstrumented_error"].replace("2000ms", "6000ms") and "Timed out" in result["error"]
+    metrics = last_metrics(os.path.join(hang_job["folder"], "metrics.rank1.jsonl"))
+    hangs = [p for p in metrics[n.COLLECTIVE_HANGS.name] if p["attributes"]["op"] == "all_reduce"]
+    assert sum(int(p["asInt"]) for p in hangs) == 1
