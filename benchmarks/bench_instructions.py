@@ -14,10 +14,12 @@ calls); their difference divided by the difference in length is the cost per ste
 * DDP (1 gloo rank, the MLP of bench_training.py): plain (no comm hook: what DDP does unless told
   otherwise), DDP's builtin C++ ``ALLREDUCE`` hook, the leanest Python comm hook possible (scale,
   all-reduce, hand the tensor back: what any Python comm hook costs), a Python process group under the
-  reducer instead of a hook (no scaling pass, but Python called from C++ per bucket), torch's Python
+  reducer instead of a hook (no scaling pass, but Python called from C++ per bucket), the native part's
+  C++ process group under the reducer alone (``otel_torchdist/native``, built when missing), torch's Python
   ``allreduce_hook``, CommDebugMode and torch.profiler (CPU activities, its ``__exit__``, which processes the events,
-  counted) on the plain model, then instrumented with the default settings in steady state and with every
-  step traced; FSDP2 plain and instrumented. A comm hook, any comm hook, costs DDP a pass over each bucket:
+  counted) on the plain model, then instrumented with the default settings (the native process group under
+  the reducer) in steady state and with every step traced, and through the comm hook (``native="off"``);
+  FSDP2 plain and instrumented. A comm hook, any comm hook, costs DDP a pass over each bucket:
   without one the reducer scales gradients by 1/world size while copying them into the bucket; with one
   it copies them as they are and the hook divides the bucket. otel-torchdist's timers (drain, export,
   system metrics) are held back in these sections; a flush after each counts the deferred work of its
@@ -185,14 +187,16 @@ def _ddp_child(args: argparse.Namespace) -> None:
         under_reducer.reducer._update_process_group(reducer_group)
         counted("DDP Python process group", trainer(under_reducer), warm=3)
 
-    if wanted("DDP C++ process group"):
-        from torch.utils.cpp_extension import load
-        native = load("otel_timed_group", ["/tmp/proto/timed_group.cpp"], extra_cflags=["-O2"])
+    # The native part alone (otel_torchdist/native, built with `otel-torchdist build-native`): its process group
+    # under the reducer, no comm hook, nothing else of otel-torchdist; the flush takes its entries.
+    if wanted("DDP native process group"):
+        from otel_torchdist import native
+
+        mod = native.load(build=True)
         under_native = DDP(_mlp())
-        native_group = native.TimedGroup(dist.group.WORLD)
+        native_group = mod.TimedGroup(dist.group.WORLD, 0)
         under_native.reducer._update_process_group(native_group)
-        native_step = trainer(under_native)
-        counted("DDP C++ process group", native_step, flush=native_group.take, warm=3)
+        counted("DDP native process group", trainer(under_native), flush=mod.take, warm=3)
 
     def debug_step():
         # One CommDebugMode per step: one across several steps trips over its own module stack.
@@ -211,11 +215,15 @@ def _ddp_child(args: argparse.Namespace) -> None:
 
             _section(f"DDP torch.profiler:{n}:steps", profiled)
 
-    otel_torchdist.instrument(**options)  # from here on, the plain model has the (idle) trampoline too
-    hooked_step = trainer(DDP(_mlp()))  # built instrumented: it gets the bucket trampoline
+    # Built instrumented without the native part, a model gets the bucket trampoline (for good: the reducer
+    # takes one hook); instrumented with it (the default once built), the native group under its reducer.
+    otel_torchdist.instrument(**options, native="off")
+    hooked_step = trainer(DDP(_mlp()))
     otel_torchdist.uninstrument()
-    instrumented("DDP instrumented", hooked_step)
-    instrumented("DDP every step traced", hooked_step, trace_every_steps=1)
+    native_step = trainer(DDP(_mlp()))
+    instrumented("DDP instrumented", native_step)
+    instrumented("DDP every step traced", native_step, trace_every_steps=1)
+    instrumented("DDP instrumented via comm hook", hooked_step, native="off")
 
     fsdp_step = trainer(_fsdp_mlp())
     counted("FSDP2 plain", fsdp_step, warm=3)
@@ -410,10 +418,15 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         line += f" {_pct(total(variant), total(plain))}" if compared else ""
         print(line)
 
-    if has("DDP plain", "DDP leanest Python hook", "DDP instrumented"):
+    if has("DDP plain", "DDP instrumented"):
+        print(
+            f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
+            "instructions over plain DDP (default settings)"
+        )
+    if has("DDP plain", "DDP leanest Python hook", "DDP instrumented via comm hook"):
         floor = on_thread[("DDP leanest Python hook", "steps")]
         print(
-            f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - floor) / 1e3:.0f} k "
+            f"training thread, per DDP step, through the comm hook: otel-torchdist {(on_thread[('DDP instrumented via comm hook', 'steps')] - floor) / 1e3:.0f} k "
             f"instructions over the leanest Python comm hook, which is {(floor - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
             "over plain DDP"
         )

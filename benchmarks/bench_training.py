@@ -10,11 +10,14 @@ middle half of those paired ratios, so the noise of the machine is on the page. 
 first runs the steps the default sampling traces in full (``trace_first_steps``, 10), so the rows show
 the steady state of a long run (1 step in 100 traced); the DDP row "every step traced" shows what a
 traced step costs. The plain DDP has no comm hook, as DDP runs unless told otherwise; since
-``instrument()`` gives hook-less DDPs built earlier its trampoline, each round builds a fresh one and times
-it, and the loops that use it (CommDebugMode, torch.profiler), before that round's first ``instrument()``.
-"torch Python hook" is the same model with torch's own ``default_hooks.allreduce_hook`` registered by
-hand, uninstrumented: the cost of any Python comm hook, which the trampoline is (a comm hook also costs
-DDP a pass over each bucket: without one the reducer scales the gradients while copying them in). For
+``instrument()`` takes over hook-less DDPs built earlier, each round builds a fresh one and times it, and
+the loops that use it (CommDebugMode, torch.profiler), before that round's first ``instrument()``.
+"instrumented" is DDP with the default settings, which with the native part built (the benchmark builds it
+when missing) records the reducer through the native process group, no comm hook; "instr. (comm hook)"
+is the path without it (``native="off"``): the trampoline comm hook. "torch Python hook" is the same model
+with torch's own ``default_hooks.allreduce_hook`` registered by hand, uninstrumented: the cost of any
+Python comm hook, which the trampoline is (a comm hook also costs DDP a pass over each bucket: without one
+the reducer scales the gradients while copying them in). For
 DDP it also times the same loop under CommDebugMode and under torch.profiler (CPU activities), the tools
 otel-torchdist is meant to replace, and reports how many times more they add.
 """
@@ -101,14 +104,19 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     python_hook = DDP(_mlp())
     python_hook.register_comm_hook(None, allreduce_hook)
     python_hook_step = train_step(python_hook, torch.optim.SGD(python_hook.parameters(), lr=0.01))
-    otel_torchdist.instrument(**options)
+    # Built instrumented without the native part, a model keeps the bucket trampoline (the reducer takes one
+    # hook, for good); one built plain is given the native group under its reducer by each instrument().
+    otel_torchdist.instrument(**options, native="off")
     hooked = DDP(_mlp())
     hooked_step = train_step(hooked, torch.optim.SGD(hooked.parameters(), lr=0.01))
     otel_torchdist.uninstrument()
+    native_ddp = DDP(_mlp())
+    native_step = train_step(native_ddp, torch.optim.SGD(native_ddp.parameters(), lr=0.01))
     rows = results["DDP"] = {
         "plain": [],
         "instrumented": [],
         "every step traced": [],
+        "instr. (comm hook)": [],
         "torch Python hook": [],
         "CommDebugMode": [],
         "torch.profiler": [],
@@ -134,10 +142,13 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
             rows["torch.profiler"].append(_time(plain_step, args.steps))
         rows["torch Python hook"].append(_time(python_hook_step, args.steps))
         otel_torchdist.instrument(**options)
-        rows["instrumented"].append(_time(hooked_step, args.steps, STEADY))
+        rows["instrumented"].append(_time(native_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
         otel_torchdist.instrument(**options, trace_every_steps=1)
-        rows["every step traced"].append(_time(hooked_step, args.steps))
+        rows["every step traced"].append(_time(native_step, args.steps))
+        otel_torchdist.uninstrument()
+        otel_torchdist.instrument(**options, native="off")
+        rows["instr. (comm hook)"].append(_time(hooked_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
 
     # ---- FSDP2
@@ -242,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     out = tempfile.mktemp(suffix=".json")
+    from otel_torchdist import native
+
+    native.load(build=True)  # the default path for DDP on gloo, once built (otel-torchdist build-native)
     mp.start_processes(_worker, args=(args.nproc, port, args, out), nprocs=args.nproc, start_method="spawn")
     import json
 

@@ -271,7 +271,9 @@ class StepTracker:
             R.SLOTS[0] = 0
             return index
         ctx = self._ids.pop(index, None)
-        R.STEP[0] = ctx if ctx is not None else self._context(index)
+        if ctx is None:
+            ctx = self._context(index)
+        R.STEP[0] = R.RECENT_STEPS[index & 255] = ctx
         R.SLOTS[0] = index
         return index
 

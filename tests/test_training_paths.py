@@ -392,8 +392,9 @@ def test_optimizer_step_histogram(optim_job):
 
 
 def test_wasteful_ddp_configuration_warns(ddp_job):
-    warnings = [s for s in ddp_job["spans"][0] if s["name"] == n.SPAN_WARNING]
-    assert len(warnings) == 1
+    # (a loaded machine may add slow_step warnings: 4 ranks share 2 cores here)
+    warnings = [s for s in ddp_job["spans"][0] if s["name"] == n.SPAN_WARNING and _a(s, n.WARNING_KIND) != "slow_step"]
+    assert len(warnings) == 1, [w["attributes"] for w in warnings]
     (w,) = warnings
     assert _a(w, n.WARNING_KIND) == "ddp_config"
     assert "find_unused_parameters=True" in _a(w, n.WARNING_MESSAGE)

@@ -1,7 +1,8 @@
 """DistributedDataParallel: one record per gradient bucket, the configuration once, DDP's own statistics.
 
-DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. So each DDP built
-while instrumented gets a trampoline comm hook. By default it does what DDP does without a hook
+DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. On gloo, with the
+native part built, its reducer is handed the native process group instead (ddp_native.py: no comm hook,
+DDP's own bucket path kept). Otherwise each DDP built while instrumented gets a trampoline comm hook. By default it does what DDP does without a hook
 (``no_hook_allreduce``: scale by the reciprocal of the group size, all-reduce; bit-identical parameters)
 and records the bucket itself: the record carries the framework context (framework ``ddp``,
 phase ``backward``, the bucket's index, bytes, parameter count and whether it is the last) and ends in the

@@ -42,6 +42,8 @@ HOLD_NS = 5_000_000_000  # a backward's buckets wait at most this long for the b
 (E_GID, E_OP, E_T0, E_T1, E_NBYTES, E_NUMEL, E_NTENSORS, E_DTYPE, E_SEQ, E_ROOT, E_REDOP, E_STEP, E_TASK, E_ERROR,
  E_BATCH) = range(15)
 _OPS = {0: ("all_reduce", bw.ALL_REDUCE), 1: ("broadcast", bw.BROADCAST)}
+_UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
+_RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
 
 # The loaded native module while instrumented with it, else None.
@@ -77,6 +79,7 @@ def activate(mode: str, capacity: int) -> None:
     slots[0] = R.STEP[0][0] if R.STEP[0] is not None else 0
     R.SLOTS = slots
     _held.clear()
+    _steps.clear()  # contexts of another instrument()'s run id
     _mod = mod
 
 
@@ -165,12 +168,13 @@ _steps: dict[int, tuple | None] = {}
 
 
 def _step_context(index: int, tracker: Any) -> tuple | None:
-    """R.STEP's tuple for step ``index`` (the same one the training thread had: derived from the index)."""
+    """R.STEP's tuple for step ``index``: the one the training thread had (steps.py keeps the last few in
+    R.RECENT_STEPS), else derived from the index as it was."""
     if not index:
         return None
-    current = R.STEP[0]
-    if current is not None and current[0] == index:
-        return current
+    ctx = _RECENT[index & _RECENT_MASK]
+    if ctx is not None and ctx[0] == index:
+        return ctx
     ctx = _steps.get(index)
     if ctx is None and tracker is not None and tracker.trace_key is not None:
         if len(_steps) > 16:
@@ -190,44 +194,33 @@ def _bucket_context(index: int, nbytes: int, last: bool) -> tuple:
     return ctx
 
 
-_PHASE_CONTEXTS = {}
-
-
-def _phase_context(backward: bool) -> tuple:
-    ctx = _PHASE_CONTEXTS.get(backward)
-    if ctx is None:
-        ctx = _PHASE_CONTEXTS[backward] = context.derive(framework="ddp", phase="backward" if backward else "forward")
-    return ctx
+_PHASES = (context.derive(framework="ddp", phase="forward"), context.derive(framework="ddp", phase="backward"))
 
 
 def _record(e: tuple, tracker: Any, end: str | None) -> list:
-    op, kind = _OPS.get(e[E_OP], ("unknown", bw.ALL_REDUCE))
-    rec = R.new(op, kind, SOURCE, e[E_GID])
-    rec[R.SEQ] = e[E_SEQ] if e[E_SEQ] >= 0 else None
-    rec[R.T_START] = e[E_T0]
-    rec[R.T_END] = e[E_T1]
-    rec[R.NBYTES] = e[E_NBYTES]
-    rec[R.NUMEL] = e[E_NUMEL]
-    rec[R.NTENSORS] = e[E_NTENSORS]
-    rec[R.DTYPE] = e[E_DTYPE]
-    rec[R.SHAPES] = (1, e[E_NUMEL]) if e[E_NTENSORS] == 1 else ()
-    rec[R.ASYNC] = True
-    rec[R.REDOP] = _REDOPS.get(e[E_REDOP]) if e[E_REDOP] >= 0 else None
-    rec[R.ROOT] = (None, e[E_ROOT]) if e[E_ROOT] >= 0 else None
-    rec[R.END] = end
-    if e[E_ERROR] is not None:
-        rec[R.ERROR] = ("DistBackendError", e[E_ERROR])
-    rec[R.BWD] = e[E_TASK] != -1
-    rec[R.STEPCTX] = _step_context(e[E_STEP], tracker)
-    rec[R.CTX] = _phase_context(rec[R.BWD])
-    return rec
+    """The record of an entry (record.py's fields, in one literal: this runs per collective on the drain)."""
+    op, kind = _OPS.get(e[E_OP], _UNKNOWN_OP)
+    numel, ntensors, redop, root, error, task = e[E_NUMEL], e[E_NTENSORS], e[E_REDOP], e[E_ROOT], e[E_ERROR], e[E_TASK]
+    step = e[E_STEP]
+    if step:
+        ctx = _RECENT[step & _RECENT_MASK]
+        if ctx is None or ctx[0] != step:
+            ctx = _step_context(step, tracker)
+    else:
+        ctx = None
+    return [
+        op, kind, SOURCE, e[E_GID], e[E_SEQ] if e[E_SEQ] >= 0 else None, e[E_T0], e[E_T1], e[E_NBYTES], e[E_DTYPE],
+        (1, numel) if ntensors == 1 else (), numel, ntensors, True, (None, root) if root >= 0 else None, None,
+        _REDOPS.get(redop) if redop >= 0 else None, end, ("DistBackendError", error) if error is not None else None,
+        None, None, None, False, _PHASES[task != -1], task != -1, ctx,
+    ]  # fmt: skip
 
 
 def _is_bucket(e: tuple) -> bool:
     """A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
     Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward)."""
     dtype = e[E_DTYPE]
-    return e[E_OP] == 0 and dtype is not None and dtype.is_floating_point and e[E_ERROR] is None
+    return e[E_OP] == 0 and e[E_ERROR] is None and dtype is not None and dtype.is_floating_point
 
 
 def _issue_order(rec: list) -> tuple:

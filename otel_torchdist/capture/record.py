@@ -67,6 +67,9 @@ STEP: list = [None]  # the current step context, process-wide (steps.py sets it)
 # nothing reads): [0] the current step's index, 0 for none (steps.py writes it with STEP), [1] a batch
 # number for buckets issued outside a backward pass (ddp.py, DDP's Join hook).
 NO_SLOTS = memoryview(bytearray(16)).cast("q")
+# The contexts of the last steps begun, at their index modulo 256 (steps.py): the native capture's records
+# carry a step's index, and find its context here.
+RECENT_STEPS: list = [None] * 256
 SLOTS = NO_SLOTS
 _graph_task_id = None
 
