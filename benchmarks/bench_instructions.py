@@ -399,7 +399,7 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
     short, long = _lengths(args.steps)
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch {args.batch}; per step, from sections of {short} and {long} steps")
-    print(f"{'variant':<26} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
+    print(f"{'variant':<31} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
     def total(variant: str) -> float:  # all threads, the deferred work included
         return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
 
@@ -412,7 +412,7 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         plain = variant.split()[0] + " plain"
         compared = variant != plain and has(plain)
         mine = on_thread[(variant, "steps")]
-        line = f"{variant:<26} {mine / 1e6:13.2f} M"
+        line = f"{variant:<31} {mine / 1e6:13.2f} M"
         line += f" {_pct(mine, on_thread[(plain, 'steps')])}" if compared else f" {'':>8}"
         line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {total(variant) / 1e6:10.2f} M"
         line += f" {_pct(total(variant), total(plain))}" if compared else ""

@@ -96,10 +96,14 @@ def test_rank_step_holds_its_collectives_optimizer_step_and_phases(steps_job):
         for s in spans:
             if s.get("parentSpanId") in steps:
                 by_step[steps[s["parentSpanId"]]["attributes"][n.STEP]].append(s)
+        # Recorded by the native group (built on this machine), the reducer's own bucket rebuild shows too: two
+        # broadcasts in the second step's forward, which the comm hook does not see.
+        native = any(s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" for s in spans)
         for step in (2, 4):
             names = sorted(c["name"] for c in by_step[step])
             # DDP's gradient bucket, the optimizer step, and the forward / backward phases
-            assert names == ["all_reduce", "optimizer.step", "train.phase", "train.phase"], (step, names)
+            rebuild = ["broadcast", "broadcast"] if native and step == 2 else []
+            assert names == sorted(["all_reduce", "optimizer.step", "train.phase", "train.phase"] + rebuild), (step, names)
             phases = sorted(c["attributes"][n.PHASE_NAME] for c in by_step[step] if c["name"] == n.SPAN_PHASE)
             assert phases == ["backward", "forward"]
         # every span of a traced step shares the step's trace; untraced steps left nothing
@@ -284,7 +288,9 @@ def test_queued_work_of_a_training_step_is_untracked_by_the_collector(gloo_alone
     def untrackable(x) -> bool:
         return not gc.is_tracked(x) or (type(x) is tuple and all(untrackable(e) for e in x))
 
-    instrumented(drain_interval=3600.0, trace_every_steps=1)  # every step traced: the most queued per step
+    # Every step traced: the most queued per step. Through the comm hook, whose bucket records wait in the
+    # queue (the native group's wait in C++ until the drain: no Python object at all).
+    instrumented(drain_interval=3600.0, trace_every_steps=1, native="off")
     model = DDP(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 4)), bucket_cap_mb=0.0001)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
     otel = runtime.current()
