@@ -51,6 +51,7 @@ _mod: Any = None
 # DDP -> the TimedGroup its reducer holds (while instrumented).
 _attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _hinted = False
+_hint_wanted = False  # native="auto" found no build: say once, when a DDP could have used it, how to build it
 
 
 def active() -> bool:
@@ -60,7 +61,8 @@ def active() -> bool:
 def activate(mode: str, capacity: int) -> None:
     """Load the native part for this instrument() (``mode``: config ``native``); a failure is logged, never
     raised: DDP is then captured through its comm hook."""
-    global _mod
+    global _mod, _hint_wanted
+    _hint_wanted = False
     if mode == "off":
         return
     from .. import native
@@ -71,6 +73,7 @@ def activate(mode: str, capacity: int) -> None:
         health.error("native", "the native part could not be loaded; DDP is captured through its comm hook", exc)
         return
     if mod is None:
+        _hint_wanted = True
         return
     mod.set_capacity(capacity)
     mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
@@ -101,9 +104,11 @@ def deactivate(restore: bool) -> None:
 
 
 def eligible(ddp: Any) -> bool:
+    """A model on CPU over a gloo group: where the native group is tested (gloo's CUDA path and NCCL keep
+    the comm hook: no GPU here to test them on)."""
     group = ddp.process_group
     try:
-        return group is not None and group._get_backend_name() == "gloo"
+        return group is not None and getattr(ddp, "device_type", None) == "cpu" and group._get_backend_name() == "gloo"
     except Exception:
         return False
 
@@ -111,7 +116,7 @@ def eligible(ddp: Any) -> bool:
 def attach(ddp: Any) -> bool:
     """Hand ``ddp``'s reducer a TimedGroup over its group; False where the comm hook must do instead."""
     if _mod is None or getattr(ddp, "reducer", None) is None or not eligible(ddp):
-        if _mod is None and not _hinted and eligible_quietly(ddp):
+        if _mod is None and _hint_wanted and not _hinted and eligible_quietly(ddp):
             _hint()
         return False
     if ddp._get_ddp_logging_data().get("comm_hook"):
