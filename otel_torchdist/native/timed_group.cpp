@@ -89,6 +89,15 @@ void set_seq(uint64_t key, int64_t seq) {
   if (it != l.flying.end()) it->second.seq = seq;
 }
 
+void drop_entry(uint64_t key) noexcept {
+  try {
+    auto& l = log();
+    std::lock_guard<std::mutex> g(l.mu);
+    l.flying.erase(key);
+  } catch (...) {
+  }
+}
+
 void end_entry(uint64_t key, int64_t t1, bool failed, std::string error, int64_t seq) {
   auto& l = log();
   std::lock_guard<std::mutex> g(l.mu);
@@ -162,46 +171,64 @@ class TimedGroup : public c10d::ProcessGroup {
   int64_t gid() const { return gid_; }
 
  private:
+  // Records around the real call. A failure of the recording itself (an allocation) never reaches the
+  // reducer: the call then goes out unrecorded, or its work is handed back as it is.
   template <typename Call>
   c10::intrusive_ptr<c10d::Work> issue(int op, std::vector<at::Tensor>& tensors, int64_t root, int redop, Call call) {
-    Entry e;
-    e.gid = gid_;
-    e.op = op;
-    e.root = root;
-    e.redop = redop;
-    e.ntensors = int64_t(tensors.size());
-    for (const auto& t : tensors) {
-      e.nbytes += int64_t(t.nbytes());
-      e.numel += t.numel();
+    uint64_t key = 0;
+    try {
+      Entry e;
+      e.gid = gid_;
+      e.op = op;
+      e.root = root;
+      e.redop = redop;
+      e.ntensors = int64_t(tensors.size());
+      for (const auto& t : tensors) {
+        e.nbytes += int64_t(t.nbytes());
+        e.numel += t.numel();
+      }
+      if (!tensors.empty()) e.dtype = tensors[0].scalar_type();
+      e.step = __atomic_load_n(&slots[0], __ATOMIC_RELAXED);
+      e.batch = __atomic_load_n(&slots[1], __ATOMIC_RELAXED);
+      e.graph_task = torch::autograd::get_current_graph_task_id();
+      e.t0 = now_ns();
+      key = begin_entry(e);
+    } catch (...) {
+      return call();
     }
-    if (!tensors.empty()) e.dtype = tensors[0].scalar_type();
-    e.step = __atomic_load_n(&slots[0], __ATOMIC_RELAXED);
-    e.batch = __atomic_load_n(&slots[1], __ATOMIC_RELAXED);
-    e.graph_task = torch::autograd::get_current_graph_task_id();
-    e.t0 = now_ns();
-    uint64_t key = begin_entry(e);
     c10::intrusive_ptr<c10d::Work> work;
     try {
       work = call();
     } catch (const std::exception& exc) {
-      end_entry(key, now_ns(), true, exc.what(), -1);
-      throw;
+      try {
+        end_entry(key, now_ns(), true, exc.what(), -1);
+      } catch (...) {
+      }
+      throw;  // the collective's own exception, unchanged
     }
-    int64_t seq = int64_t(inner_->getSequenceNumberForGroup());
-    set_seq(key, seq);  // before completion, for the hang watchdog's in_flight()
-    auto fut = work->getFuture();
-    auto child = fut->then(
-        [key, seq](c10::ivalue::Future& parent) -> c10::IValue {
-          int64_t t1 = now_ns();
-          if (parent.hasError()) {
-            end_entry(key, t1, true, parent.tryRetrieveErrorMessage(), seq);
-          } else {
-            end_entry(key, t1, false, std::string(), seq);
-          }
-          return parent.value();  // rethrows a failure into the reducer's future
-        },
-        fut->elementType());
-    return c10::make_intrusive<TimedWork>(std::move(work), std::move(child));
+    try {
+      int64_t seq = int64_t(inner_->getSequenceNumberForGroup());
+      set_seq(key, seq);  // before completion, for the hang watchdog's in_flight()
+      auto fut = work->getFuture();
+      auto child = fut->then(
+          [key, seq](c10::ivalue::Future& parent) -> c10::IValue {
+            try {
+              int64_t t1 = now_ns();
+              if (parent.hasError()) {
+                end_entry(key, t1, true, parent.tryRetrieveErrorMessage(), seq);
+              } else {
+                end_entry(key, t1, false, std::string(), seq);
+              }
+            } catch (...) {
+            }
+            return parent.value();  // rethrows a failure into the reducer's future
+          },
+          fut->elementType());
+      return c10::make_intrusive<TimedWork>(work, std::move(child));
+    } catch (...) {
+      drop_entry(key);
+      return work;
+    }
   }
 
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
