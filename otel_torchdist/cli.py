@@ -274,7 +274,10 @@ def cmd_build_native(args: argparse.Namespace, parser: argparse.ArgumentParser) 
     if args.check:
         if not native.is_built():
             raise _Failed(f"not built for this torch: no {native.library_path()} (run otel-torchdist build-native)")
-        native.load()
+        try:
+            native.load()
+        except native.NativeBuildError as exc:
+            raise _Failed(f"{exc} (run otel-torchdist build-native)") from None
         print(f"built: {native.library_path()}")
         return 0
     started = time.monotonic()

@@ -175,7 +175,12 @@ class Pipeline:
                 closes = len(deferred)
                 count += self._process_all(q)
                 if ddp_native.active():
-                    for rec in ddp_native.take(self.step_tracker, perf_counter_ns(), force):
+                    try:
+                        native = ddp_native.take(self.step_tracker, perf_counter_ns(), force)
+                    except Exception as exc:
+                        health.error("pipeline", "could not take the native capture's records", exc)
+                        native = ()
+                    for rec in native:
                         self._process_one(rec)
                         count += 1
                 for _ in range(closes):

@@ -274,7 +274,7 @@ class StepTracker:
         if ctx is None:
             ctx = self._context(index)
         R.STEP[0] = R.RECENT_STEPS[index & 255] = ctx
-        R.SLOTS[0] = index
+        R.SLOTS[0] = index + 1  # 0 is "no step" (the native capture reads it)
         return index
 
     def _context(self, index: int) -> tuple:

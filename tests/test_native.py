@@ -171,10 +171,52 @@ def test_a_bucket_stuck_in_the_reducer_is_reported_while_it_waits(hang_job):
     assert failed["attributes"][n.COLL_SEQ] == a[n.COLL_SEQ]
     assert failed["attributes"][n.COLL_SOURCE] == "ddp_reducer" and failed["attributes"][n.COLL_PHASE] == "backward"
     assert failed["attributes"][n.COLL_MESSAGE_SIZE] == 4 * sum(p.numel() for p in _mlp().parameters())  # its bucket
-    assert failed["attributes"]["error.type"] == "DistBackendError" and "Timed out" in failed["status"]["message"]
+    assert failed["attributes"]["error.type"] == "RuntimeError" and "Timed out" in failed["status"]["message"]
     assert failed["attributes"][n.COLL_DURATION] > 5
     # what training saw is what it sees uninstrumented (that run's timeout was 2 s)
     assert result["error"] == result["uninstrumented_error"].replace("2000ms", "6000ms") and "Timed out" in result["error"]
     metrics = last_metrics(os.path.join(hang_job["folder"], "metrics.rank1.jsonl"))
     hangs = [p for p in metrics[n.COLLECTIVE_HANGS.name] if p["attributes"]["op"] == "all_reduce"]
     assert sum(int(p["asInt"]) for p in hangs) == 1
+
+
+def test_two_models_on_one_group_numbered_apart_and_step_zero_kept(native_built, gloo_alone, instrumented):
+    """An encoder and a head wrapped apart, one loss, explicitly marked steps from 0: each model's pass is
+    numbered on its own (one bucket each: index 0, last), and step 0's buckets are in step 0's trace."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist.capture import ddp_native
+
+    folder = instrumented(run_id="native-two")
+    torch.manual_seed(0)
+    encoder, head = DDP(torch.nn.Linear(16, 32)), DDP(torch.nn.Linear(32, 4))
+    assert ddp_native.is_attached(encoder) and ddp_native.is_attached(head)
+    opt = torch.optim.SGD(list(encoder.parameters()) + list(head.parameters()), lr=0.1)
+    for i in range(3):
+        with otel_torchdist.step(i):
+            head(encoder(torch.ones(8, 16))).square().mean().backward()
+            opt.step()
+    otel_torchdist.uninstrument()
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    steps = {s["traceId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    buckets = [s for s in spans if s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" and s["name"] == "all_reduce"]
+    by_step = {}
+    for s in buckets:
+        by_step.setdefault(steps[s["traceId"]], []).append(s)
+    assert sorted(by_step) == [0, 1, 2]
+    for step, found in by_step.items():
+        assert sorted(s["attributes"][n.DDP_BUCKET_BYTES] for s in found) == [4 * (32 * 4 + 4), 4 * (16 * 32 + 32)], step
+        assert all(s["attributes"][n.DDP_BUCKET_INDEX] == 0 and s["attributes"][n.DDP_BUCKET_LAST] for s in found), step
+
+
+def test_sparse_gradients_keep_the_comm_hook(native_built, gloo_alone, instrumented):
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from otel_torchdist.capture import ddp as ddp_capture
+    from otel_torchdist.capture import ddp_native
+
+    instrumented(run_id="native-sparse")
+    model = DDP(torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2)))
+    assert not ddp_native.is_attached(model) and model in ddp_capture._state
+    model(torch.tensor([[1, 2], [3, 4]])).sum().backward()  # trains

@@ -462,9 +462,10 @@ def _wrap_update_process_group(orig):
             return  # DDP ignores a group this rank is not in
         try:
             if ddp_native.is_attached(self):
-                # The reducer now holds the new group itself: record it there as well.
+                # The reducer now holds the new group itself: record it there as well (or, where the native
+                # group cannot go, through the trampoline).
                 ddp_native.forget(self)
-                ddp_native.attach(self)
+                _capture_buckets(self)
             trampoline = _state.get(self)
             if trampoline is not None and not trampoline.user_hook_registered:
                 # The default all-reduce follows the model to its new group, as DDP's own does; a user's hook

@@ -21,6 +21,7 @@ reducer runs it in C++; bucket spans hang under the step's span) and the paramet
 
 from __future__ import annotations
 
+import itertools
 import logging
 import weakref
 from typing import Any
@@ -40,9 +41,12 @@ HOLD_NS = 5_000_000_000  # a backward's buckets wait at most this long for the b
 
 # Entry fields, as timed_group.cpp's as_tuple() writes them.
 (E_GID, E_OP, E_T0, E_T1, E_NBYTES, E_NUMEL, E_NTENSORS, E_DTYPE, E_SEQ, E_ROOT, E_REDOP, E_STEP, E_TASK, E_ERROR,
- E_BATCH) = range(15)
+ E_BATCH, E_OWNER) = range(16)
 _OPS = {0: ("all_reduce", bw.ALL_REDUCE), 1: ("broadcast", bw.BROADCAST)}
 _UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
+# What training sees of a failure inside the reducer (a C++ exception, raised from backward as RuntimeError);
+# the message is the backend's own.
+_ERROR_TYPE = "RuntimeError"
 _RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
 
@@ -51,6 +55,8 @@ _mod: Any = None
 # DDP -> the TimedGroup its reducer holds (while instrumented).
 _attached: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 _hinted = False
+_owners = itertools.count(1)  # a number per model: two DDP models on one group hold their passes apart
+_SPARSE_CAPABLE = (torch.nn.Embedding, torch.nn.EmbeddingBag)
 _hint_wanted = False  # native="auto" found no build: say once, when a DDP could have used it, how to build it
 
 
@@ -75,11 +81,15 @@ def activate(mode: str, capacity: int) -> None:
     if mod is None:
         _hint_wanted = True
         return
-    mod.set_capacity(capacity)
-    mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
-    mod.take_dropped()
-    slots = memoryview(mod.slots()).cast("q")
-    slots[0] = R.STEP[0][0] if R.STEP[0] is not None else 0
+    try:
+        mod.set_capacity(capacity)
+        mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
+        mod.take_dropped()
+        slots = memoryview(mod.slots()).cast("q")
+        slots[0] = R.STEP[0][0] + 1 if R.STEP[0] is not None else 0
+    except Exception as exc:
+        health.error("native", "the native part could not be set up; DDP is captured through its comm hook", exc)
+        return
     R.SLOTS = slots
     _held.clear()
     _steps.clear()  # contexts of another instrument()'s run id
@@ -92,9 +102,11 @@ def deactivate(restore: bool) -> None:
     if _mod is None:
         return
     if restore:
-        for ddp, group in list(_attached.items()):
+        for ddp in list(_attached):
             try:
-                ddp.reducer._update_process_group(group.inner)
+                # the model's group, which is the one its reducer's native group passes to unless the model
+                # was moved while otel-torchdist was closing
+                ddp.reducer._update_process_group(ddp.process_group)
             except Exception as exc:
                 health.error("ddp", "could not give a DDP reducer its process group back", exc)
         _attached.clear()
@@ -108,7 +120,10 @@ def eligible(ddp: Any) -> bool:
     the comm hook: no GPU here to test them on)."""
     group = ddp.process_group
     try:
-        return group is not None and getattr(ddp, "device_type", None) == "cpu" and group._get_backend_name() == "gloo"
+        if group is None or getattr(ddp, "device_type", None) != "cpu" or group._get_backend_name() != "gloo":
+            return False
+        # sparse gradients (sparse embeddings) are bucketed alone and reduced another way: the comm hook
+        return not any(getattr(m, "sparse", False) for m in ddp.module.modules() if isinstance(m, _SPARSE_CAPABLE))
     except Exception:
         return False
 
@@ -124,7 +139,7 @@ def attach(ddp: Any) -> bool:
     gi = groups.info(ddp.process_group)
     if gi is None:
         return False
-    timed = _mod.TimedGroup(ddp.process_group, gi.gid)
+    timed = _mod.TimedGroup(ddp.process_group, gi.gid, next(_owners))
     ddp.reducer._update_process_group(timed)  # swaps the reducer's group under its lock, nothing else
     _attached[ddp] = timed
     return True
@@ -167,7 +182,7 @@ class _Backward:
         self.key, self.step, self.records, self.last_t = key, step, [], 0
 
 
-_held: dict[int, _Backward] = {}  # group id -> its backward being held
+_held: dict[int, _Backward] = {}  # model number -> its backward being held
 _contexts: dict[tuple, tuple] = {}
 _steps: dict[int, tuple | None] = {}
 
@@ -175,8 +190,6 @@ _steps: dict[int, tuple | None] = {}
 def _step_context(index: int, tracker: Any) -> tuple | None:
     """R.STEP's tuple for step ``index``: the one the training thread had (steps.py keeps the last few in
     R.RECENT_STEPS), else derived from the index as it was."""
-    if not index:
-        return None
     ctx = _RECENT[index & _RECENT_MASK]
     if ctx is not None and ctx[0] == index:
         return ctx
@@ -206,8 +219,8 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     """The record of an entry (record.py's fields, in one literal: this runs per collective on the drain)."""
     op, kind = _OPS.get(e[E_OP], _UNKNOWN_OP)
     numel, ntensors, redop, root, error, task = e[E_NUMEL], e[E_NTENSORS], e[E_REDOP], e[E_ROOT], e[E_ERROR], e[E_TASK]
-    step = e[E_STEP]
-    if step:
+    step = e[E_STEP] - 1  # the slot holds the step's index + 1; 0 outside steps
+    if step >= 0:
         ctx = _RECENT[step & _RECENT_MASK]
         if ctx is None or ctx[0] != step:
             ctx = _step_context(step, tracker)
@@ -216,7 +229,7 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     return [
         op, kind, SOURCE, e[E_GID], e[E_SEQ] if e[E_SEQ] >= 0 else None, e[E_T0], e[E_T1], e[E_NBYTES], e[E_DTYPE],
         (1, numel) if ntensors == 1 else (), numel, ntensors, True, (None, root) if root >= 0 else None, None,
-        _REDOPS.get(redop) if redop >= 0 else None, end, ("DistBackendError", error) if error is not None else None,
+        _REDOPS.get(redop) if redop >= 0 else None, end, (_ERROR_TYPE, error) if error is not None else None,
         None, None, None, False, _PHASES[task != -1], task != -1, ctx,
     ]  # fmt: skip
 
@@ -257,20 +270,27 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
         if not _is_bucket(e):
             out.append(tuple(rec))
             continue
-        gid = e[E_GID]
+        owner = e[E_OWNER]
         key = (e[E_TASK], e[E_STEP], e[E_BATCH])
-        held = _held.get(gid)
+        held = _held.get(owner)
         if held is not None and held.key != key:
-            _release(_held.pop(gid), out)
+            _release(_held.pop(owner), out)
             held = None
         if held is None:
-            held = _held[gid] = _Backward(key, e[E_STEP])
+            held = _held[owner] = _Backward(key, e[E_STEP])
         held.records.append(rec)
         held.last_t = e[E_T1]
-    for gid in list(_held):
-        held = _held[gid]
-        if force or held.step != slot or now - held.last_t > HOLD_NS:
-            _release(_held.pop(gid), out)
+    flying = None
+    for owner in list(_held):
+        held = _held[owner]
+        if not force and held.step == slot:
+            if now - held.last_t <= HOLD_NS:
+                continue
+            if flying is None:  # a bucket of the pass still in flight: the pass is not over (a stalled rank)
+                flying = {(e[E_OWNER], (e[E_TASK], e[E_STEP], e[E_BATCH])) for e in mod.in_flight()}
+            if (owner, held.key) in flying:
+                continue
+        _release(_held.pop(owner), out)
     return out
 
 

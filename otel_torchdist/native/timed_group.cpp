@@ -41,6 +41,7 @@ int64_t now_ns() {
 
 struct Entry {
   int64_t gid = 0;  // the Python side's group id (groups.BY_ID)
+  int64_t owner = 0;  // the Python side's number for the model whose reducer holds the group
   int op = 0;
   int64_t t0 = 0, t1 = 0;
   int64_t nbytes = 0, numel = 0, ntensors = 0;
@@ -144,8 +145,8 @@ class TimedWork : public c10d::Work {
 
 class TimedGroup : public c10d::ProcessGroup {
  public:
-  TimedGroup(const c10::intrusive_ptr<c10d::ProcessGroup>& inner, int64_t gid)
-      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid) {
+  TimedGroup(const c10::intrusive_ptr<c10d::ProcessGroup>& inner, int64_t gid, int64_t owner)
+      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid), owner_(owner) {
     auto bound = inner_->getBoundDeviceId();
     if (bound) setBoundDeviceId(bound);
     // Any call not recorded below reaches the real group's backends, registered here as well.
@@ -179,13 +180,16 @@ class TimedGroup : public c10d::ProcessGroup {
     try {
       Entry e;
       e.gid = gid_;
+      e.owner = owner_;
       e.op = op;
       e.root = root;
       e.redop = redop;
       e.ntensors = int64_t(tensors.size());
       for (const auto& t : tensors) {
-        e.nbytes += int64_t(t.nbytes());
-        e.numel += t.numel();
+        // a sparse gradient's message is its values (nbytes() refuses sparse tensors)
+        const at::Tensor& dense = t.is_sparse() ? t._values() : t;
+        e.nbytes += dense.numel() * int64_t(dense.element_size());
+        e.numel += dense.numel();
       }
       if (!tensors.empty()) e.dtype = tensors[0].scalar_type();
       e.step = __atomic_load_n(&slots[0], __ATOMIC_RELAXED);
@@ -233,13 +237,14 @@ class TimedGroup : public c10d::ProcessGroup {
 
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
   int64_t gid_;
+  int64_t owner_;
 };
 
 py::tuple as_tuple(const Entry& e) {
   py::object dtype = e.dtype == at::ScalarType::Undefined ? py::none() : py::cast(e.dtype);
   py::object error = e.failed ? py::object(py::str(e.error)) : py::none();
   return py::make_tuple(e.gid, e.op, e.t0, e.t1, e.nbytes, e.numel, e.ntensors, dtype, e.seq, e.root, e.redop,
-                        e.step, e.graph_task, error, e.batch);
+                        e.step, e.graph_task, error, e.batch, e.owner);
 }
 
 py::list take() {
@@ -299,7 +304,8 @@ void set_capacity(int64_t n) {
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module::import("torch.distributed");  // registers the ProcessGroup type this one derives from
   py::class_<TimedGroup, c10d::ProcessGroup, c10::intrusive_ptr<TimedGroup>>(m, "TimedGroup")
-      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t>(), py::arg("inner"), py::arg("gid"))
+      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t, int64_t>(), py::arg("inner"), py::arg("gid"),
+           py::arg("owner") = 0)
       .def_property_readonly("inner", &TimedGroup::inner)
       .def_property_readonly("gid", &TimedGroup::gid);
   m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
