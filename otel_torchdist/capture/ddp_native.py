@@ -130,8 +130,10 @@ def eligible(ddp: Any) -> bool:
 
 def attach(ddp: Any) -> bool:
     """Hand ``ddp``'s reducer a TimedGroup over its group; False where the comm hook must do instead."""
-    if _mod is None or getattr(ddp, "reducer", None) is None or not eligible(ddp):
-        if _mod is None and _hint_wanted and not _hinted and eligible_quietly(ddp):
+    if getattr(ddp, "reducer", None) is None or not eligible(ddp):
+        return False
+    if _mod is None:
+        if _hint_wanted and not _hinted:
             _hint()
         return False
     if ddp._get_ddp_logging_data().get("comm_hook"):
@@ -143,13 +145,6 @@ def attach(ddp: Any) -> bool:
     ddp.reducer._update_process_group(timed)  # swaps the reducer's group under its lock, nothing else
     _attached[ddp] = timed
     return True
-
-
-def eligible_quietly(ddp: Any) -> bool:
-    try:
-        return getattr(ddp, "reducer", None) is not None and eligible(ddp)
-    except Exception:
-        return False
 
 
 def _hint() -> None:

@@ -247,6 +247,12 @@ py::tuple as_tuple(const Entry& e) {
                         e.step, e.graph_task, error, e.batch, e.owner);
 }
 
+py::list as_list(const std::vector<Entry>& got) {
+  py::list out;
+  for (const auto& e : got) out.append(as_tuple(e));
+  return out;
+}
+
 py::list take() {
   std::vector<Entry> got;
   {
@@ -254,35 +260,21 @@ py::list take() {
     std::lock_guard<std::mutex> g(l.mu);
     got.swap(l.done);
   }
-  py::list out;
-  for (const auto& e : got) out.append(as_tuple(e));
-  return out;
+  return as_list(got);
 }
 
-py::list in_flight() {
+// The entries in flight; ``remove``: taken out too, so a completion after this finds no entry and records
+// nothing (abandon, at close).
+py::list flying(bool remove) {
   std::vector<Entry> got;
   {
     auto& l = log();
     std::lock_guard<std::mutex> g(l.mu);
     got.reserve(l.flying.size());
-    for (const auto& kv : l.flying) got.push_back(kv.second);
+    for (auto& kv : l.flying) got.push_back(remove ? std::move(kv.second) : kv.second);
+    if (remove) l.flying.clear();
   }
-  py::list out;
-  for (const auto& e : got) out.append(as_tuple(e));
-  return out;
-}
-
-py::list abandon() {
-  std::vector<Entry> got;
-  {
-    auto& l = log();
-    std::lock_guard<std::mutex> g(l.mu);
-    for (auto& kv : l.flying) got.push_back(std::move(kv.second));
-    l.flying.clear();  // a completion after this finds no entry and records nothing
-  }
-  py::list out;
-  for (const auto& e : got) out.append(as_tuple(e));
-  return out;
+  return as_list(got);
 }
 
 int64_t take_dropped() {
@@ -309,8 +301,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("inner", &TimedGroup::inner)
       .def_property_readonly("gid", &TimedGroup::gid);
   m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
-  m.def("in_flight", &in_flight, "Entries of collectives issued and not completed.");
-  m.def("abandon", &abandon, "Entries of collectives in flight, removed: reported unfinished, never completed.");
+  m.def("in_flight", [] { return flying(false); }, "Entries of collectives issued and not completed.");
+  m.def("abandon", [] { return flying(true); }, "Entries of collectives in flight, removed: reported unfinished, never completed.");
   m.def("take_dropped", &take_dropped, "Entries dropped since the last call (the done list was full).");
   m.def("set_capacity", &set_capacity, "How many completed entries wait for take() before new ones are dropped.");
   m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");
