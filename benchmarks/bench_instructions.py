@@ -24,7 +24,10 @@ calls); their difference divided by the difference in length is the cost per ste
   it copies them as they are and the hook divides the bucket. otel-torchdist's timers (drain, export,
   system metrics) are held back in these sections; a flush after each counts the deferred work of its
   steps ("deferred"), and the idle section counts what the timers cost at rest, per second, default
-  settings.
+  settings. The timer threads that still tick when held back (span export's 1 s tick, the Prometheus
+  server's poll, the hang watchdog's scan) tick per second of wall time, and a step under callgrind takes
+  ~50x its real time: a section of their own counts them per second, and their share of the steps'
+  wall time ("timers") is taken out of all threads.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
   thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
   collective and in units of one plain call; the same for a functional collective (``funcol.all_reduce``
@@ -68,6 +71,8 @@ def _section(label: str, work) -> None:
 # Everything otel-torchdist does on a timer waits past the sections, so that the flush that ends each one
 # is where the deferred work of its steps is counted; what the timers cost on their own is the idle section.
 QUIET = dict(drain_interval=3600.0, span_schedule_delay=3600.0, metric_export_interval=3600.0, system_interval=3600.0)
+TIMERS_S = 5.0  # seconds of the section that counts the held-back timers per second of wall time
+WALL = "wall time of section "  # a line of the DDP child's output: the label, then seconds
 
 
 def _ddp_child(args: argparse.Namespace) -> None:
@@ -110,7 +115,9 @@ def _ddp_child(args: argparse.Namespace) -> None:
             return
         steps(step, warm)
         for n in _lengths(args.steps):
+            start = time.perf_counter()
             _section(f"{label}:{n}:steps", lambda: steps(step, n))
+            print(f"{WALL}{label}:{n}:steps {time.perf_counter() - start:.6f}", flush=True)
             if flush is not None:
                 _section(f"{label}:{n}:flush", flush)
 
@@ -122,6 +129,10 @@ def _ddp_child(args: argparse.Namespace) -> None:
         steps(step, STEADY)  # past the steps the default sampling traces in full
         flush()
         counted(label, step, flush)
+        # The timer threads that still tick while held back (span export's 1 s tick, the Prometheus server's
+        # poll, the hang watchdog's scan) wake per second of wall time, and a step under callgrind takes ~50x
+        # its real time: what they cost per second here is taken out of the steps (see _report_ddp).
+        _section(f"{label}:0:timers", lambda: time.sleep(TIMERS_S))
         otel_torchdist.uninstrument()
 
     plain_step = trainer(DDP(_mlp()))  # measured before any instrument(), which would give it the trampoline
@@ -316,8 +327,9 @@ def _hot_child(args: argparse.Namespace) -> None:
 _PART = re.compile(r"\.(\d+)-(\d+)$")
 
 
-def _read(folder: str) -> tuple[dict[str, int], dict[str, int]]:
-    """{label: instructions of the main thread}, {label: instructions of all threads} from the dumps."""
+def _read(folder: str) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
+    """{label: instructions of the main thread}, {label: instructions of all threads} from the dumps, and
+    {label: seconds} of the sections whose wall time the child printed (see counted)."""
     main: dict[str, int] = {}
     every: dict[str, int] = {}
     dumps = [(int(m.group(1)), m.group(2), p) for p in glob.glob(os.path.join(folder, "cg.*")) if (m := _PART.search(p))]
@@ -335,10 +347,18 @@ def _read(folder: str) -> tuple[dict[str, int], dict[str, int]]:
         every[label] = every.get(label, 0) + count
         if thread == "01":
             main[label] = main.get(label, 0) + count
-    return main, every
+    walls: dict[str, float] = {}
+    log = os.path.join(folder, "log.txt")
+    if os.path.exists(log):
+        with open(log, errors="replace") as f:
+            for line in f:
+                if line.startswith(WALL):
+                    label, seconds = line[len(WALL) :].rsplit(" ", 1)
+                    walls[label] = float(seconds)
+    return main, every, walls
 
 
-def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], dict[str, int]]]:
+def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], dict[str, int], dict[str, float]]]:
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     work = tempfile.mkdtemp(prefix="otel-torchdist-callgrind-")
@@ -392,16 +412,26 @@ def _report(args: argparse.Namespace, results: dict) -> None:
         _report_hot(args, results["hot"])
 
 
-def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
-    main, every = counts
+def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, float]]) -> None:
+    main, every, walls = counts
     idle = every.pop("idle", None)
     main.pop("idle", None)
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
     short, long = _lengths(args.steps)
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch {args.batch}; per step, from sections of {short} and {long} steps")
-    print(f"{'variant':<31} {'training thread':>15} {'added':>8} {'deferred':>9} {'all threads':>12} {'added':>8}")
-    def total(variant: str) -> float:  # all threads, the deferred work included
-        return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0)
+    print(f"{'variant':<31} {'training thread':>15} {'added':>8} {'deferred':>9} {'timers':>7} {'all threads':>12} {'added':>8}")
+
+    def timers(variant: str) -> float:
+        """What the held-back timer threads did per step while the steps ran, at their rate per second of
+        wall time (the variant's timers section) times the wall time of a step under callgrind."""
+        count = every.get(f"{variant}:0:timers")
+        a, b = walls.get(f"{variant}:{short}:steps"), walls.get(f"{variant}:{long}:steps")
+        if count is None or a is None or b is None:
+            return 0.0
+        return count / TIMERS_S * (b - a) / (long - short)
+
+    def total(variant: str) -> float:  # all threads, the deferred work included, the timers' ticks not
+        return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0) - timers(variant)
 
     def has(*variants: str) -> bool:  # counted in this run (see --variants)
         return all((variant, "steps") in on_thread for variant in variants)
@@ -414,7 +444,7 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         mine = on_thread[(variant, "steps")]
         line = f"{variant:<31} {mine / 1e6:13.2f} M"
         line += f" {_pct(mine, on_thread[(plain, 'steps')])}" if compared else f" {'':>8}"
-        line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {total(variant) / 1e6:10.2f} M"
+        line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {timers(variant) / 1e3:5.0f} k {total(variant) / 1e6:10.2f} M"
         line += f" {_pct(total(variant), total(plain))}" if compared else ""
         print(line)
 
@@ -435,12 +465,17 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
             ours, theirs = total("DDP instrumented") - total("DDP plain"), total(tool) - total("DDP plain")
             ratio = f"{theirs / ours:.1f}x" if ours > 0 else "otel-torchdist added nothing"
             print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
+    if any(timers(v) for v, kind in on_thread if kind == "steps"):
+        print(
+            "timers: otel-torchdist's timer threads ticking while the steps ran, ~50x slower under callgrind than in "
+            "real time; taken out of all threads (at real speed they are the idle row's cost per second)"
+        )
     if idle is not None:
         print(f"timers at rest (default settings, all threads): {idle / args.idle / 1e6:.2f} M instructions per second")
 
 
-def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int]]) -> None:
-    main, every = counts
+def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, float]]) -> None:
+    main, every, _ = counts
     on_thread, whole = _per_unit(main, args.calls), _per_unit(every, args.calls)
     short, long = _lengths(args.calls)
     print(f"# fake backend, 1024-element all_reduce; per collective, from sections of {short} and {long} calls")

@@ -16,6 +16,7 @@ from . import names as n
 from .otlp import HistogramPoint, MetricData, NumberPoint
 
 BOUNDS = n.DURATION_BUCKETS
+_bisect_left = bisect.bisect_left
 
 
 @dataclass(slots=True)
@@ -60,20 +61,20 @@ class MetricStore:
         error: bool,
         exemplar: tuple[int, int, int] | None = None,  # time_ns, trace_id, span_id of a sampled span
     ) -> None:
-        key = (op, group)
+        # Runs for every collective, on the drain thread: one lock, no call but the bisection.
+        i = _bisect_left(self.bounds, seconds)
         with self._lock:
-            s = self._series.get(key)
+            s = self._series.get((op, group))
             if s is None:
-                s = self._series[key] = Series([0] * (len(self.bounds) + 1))
+                s = self._series[(op, group)] = Series([0] * (len(self.bounds) + 1), dur_min=seconds, dur_max=seconds)
+            elif seconds < s.dur_min:
+                s.dur_min = seconds
+            elif seconds > s.dur_max:
+                s.dur_max = seconds
             s.count += 1
             s.bytes += message_size
             s.bus_bytes += bus_bytes
             s.dur_sum += seconds
-            if s.dur_min is None or seconds < s.dur_min:
-                s.dur_min = seconds
-            if s.dur_max is None or seconds > s.dur_max:
-                s.dur_max = seconds
-            i = bisect.bisect_left(self.bounds, seconds)
             s.buckets[i] += 1
             if error:
                 s.errors += 1
@@ -159,60 +160,88 @@ class Histogram:
         return HistogramPoint(labels, self.count, self.sum, list(self.buckets), self.bounds, self.min, self.max)
 
 
+class Cell:
+    """One counter's or gauge's value, bound to its labels (see FrameworkMetrics.counter)."""
+
+    __slots__ = ("value",)
+
+    def __init__(self, value: float = 0) -> None:
+        self.value = value
+
+
 class FrameworkMetrics:
-    """Histograms and gauges the framework captures feed (optimizer steps, models, DDP's own stats).
+    """Histograms, gauges and counters the framework captures feed (optimizer steps, models, DDP's own stats).
 
     Written from the drain thread (deferred work) and from the training thread for rare gauges, read by
-    exporters: one lock.
+    exporters: one lock. Work that updates the same series every training step binds them once
+    (``histogram``, ``counter``, ``gauge``) and updates them together under ``lock``: a step's close is
+    then one lock and a few attribute updates, instead of a lock, a key and a lookup per update.
     """
 
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         self.bounds = bounds
-        self._lock = threading.Lock()
+        self.lock = threading.Lock()
         # Keyed by the metric's name, a string whose hash Python caches: a Metric is a frozen dataclass,
         # whose hash is a Python call over its fields on every update.
         self._metrics: dict[str, n.Metric] = {}
         self._histograms: dict[tuple[str, tuple], Histogram] = {}
-        self._gauges: dict[tuple[str, tuple], float] = {}
-        self._counters: dict[tuple[str, tuple], float] = {}
+        self._gauges: dict[tuple[str, tuple], Cell] = {}
+        self._counters: dict[tuple[str, tuple], Cell] = {}
+
+    def histogram(self, metric: n.Metric, labels: tuple = ()) -> Histogram:
+        """The histogram of ``metric`` at ``labels``, created at zero: update it holding ``lock``."""
+        with self.lock:
+            return self._child(self._histograms, metric, labels, Histogram, self.bounds)
+
+    def counter(self, metric: n.Metric, labels: tuple = ()) -> Cell:
+        """The counter of ``metric`` at ``labels`` (``.value``), created at zero: update it holding ``lock``."""
+        with self.lock:
+            return self._child(self._counters, metric, labels, Cell, 0)
+
+    def gauge(self, metric: n.Metric, labels: tuple = ()) -> Cell:
+        """The gauge of ``metric`` at ``labels`` (``.value``), created unset: it is exported once set (not None)."""
+        with self.lock:
+            return self._child(self._gauges, metric, labels, Cell, None)
+
+    def _child(self, table: dict, metric: n.Metric, labels: tuple, make, arg):
+        key = (metric.name, labels)
+        child = table.get(key)
+        if child is None:
+            if key[0] not in self._metrics:
+                self._metrics[key[0]] = metric
+            child = table[key] = make(arg)
+        return child
 
     def observe(self, metric: n.Metric, labels: tuple, value: float) -> None:
         """``labels``: values of ``metric.attributes`` after run and rank, in order."""
-        key = (metric.name, labels)
-        with self._lock:
-            if key[0] not in self._metrics:
-                self._metrics[key[0]] = metric
-            h = self._histograms.get(key)
-            if h is None:
-                h = self._histograms[key] = Histogram(self.bounds)
-            h.observe(value)
+        with self.lock:
+            self._child(self._histograms, metric, labels, Histogram, self.bounds).observe(value)
 
     def set(self, metric: n.Metric, labels: tuple, value: float) -> None:
-        key = (metric.name, labels)
-        with self._lock:
-            if key[0] not in self._metrics:
-                self._metrics[key[0]] = metric
-            self._gauges[key] = value
+        with self.lock:
+            self._child(self._gauges, metric, labels, Cell, None).value = value
 
     def add(self, metric: n.Metric, labels: tuple, value: float) -> None:
-        key = (metric.name, labels)
-        with self._lock:
-            if key[0] not in self._metrics:
-                self._metrics[key[0]] = metric
-            self._counters[key] = self._counters.get(key, 0) + value
+        with self.lock:
+            self._child(self._counters, metric, labels, Cell, 0).value += value
 
     def get(self, metric: n.Metric, labels: tuple) -> float | None:
         key = (metric.name, labels)
-        with self._lock:
-            return self._gauges.get(key, self._counters.get(key))
+        with self.lock:
+            cell = self._gauges.get(key)
+            if cell is None or cell.value is None:
+                cell = self._counters.get(key)
+            return None if cell is None else cell.value
 
     def metric_data(self, base_labels: dict[str, str]) -> list[MetricData]:
         out: dict[str, list] = {}
-        with self._lock:
+        with self.lock:
             for (name, values), h in self._histograms.items():
-                out.setdefault(name, []).append(h.point(_labels(self._metrics[name], base_labels, values)))
-            for (name, values), v in list(self._gauges.items()) + list(self._counters.items()):
-                out.setdefault(name, []).append(NumberPoint(_labels(self._metrics[name], base_labels, values), v))
+                if h.count:  # bound ahead and not observed yet: no point (as before binding existed)
+                    out.setdefault(name, []).append(h.point(_labels(self._metrics[name], base_labels, values)))
+            for (name, values), cell in list(self._gauges.items()) + list(self._counters.items()):
+                if cell.value is not None:
+                    out.setdefault(name, []).append(NumberPoint(_labels(self._metrics[name], base_labels, values), cell.value))
             return [MetricData(self._metrics[name], points) for name, points in out.items()]
 
 

@@ -180,9 +180,8 @@ class Pipeline:
                     except Exception as exc:
                         health.error("pipeline", "could not take the native capture's records", exc)
                         native = ()
-                    for rec in native:
-                        self._process_one(rec)
-                        count += 1
+                    if native:
+                        count += self._process_all(deque(native))
                 for _ in range(closes):
                     entry = deferred.popleft()
                     try:
@@ -199,20 +198,18 @@ class Pipeline:
 
     def _process_all(self, q: deque) -> int:
         count = 0
+        process = self.process
         while q:
             try:
                 rec = q.popleft()
             except IndexError:
                 break
-            self._process_one(rec)
+            try:
+                process(rec)
+            except Exception as exc:
+                health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
             count += 1
         return count
-
-    def _process_one(self, rec: tuple) -> None:
-        try:
-            self.process(rec)
-        except Exception as exc:
-            health.error("pipeline", f"could not process a {rec[R.OP]} record", exc)
 
     def process(self, rec: tuple) -> None:
         # Runs for every collective: locals and inlined lookups, the common case first.
@@ -229,7 +226,9 @@ class Pipeline:
         if factor is None:
             factor = _bus_factors[(kind, gi.size)] = bw.bus_factor(kind, gi.size) if gi.size > 0 else 0.0
         step = rec[_STEPCTX]
-        if rec[_PARENT] is None and rec[_CTX] is None and step is not None:
+        fw = rec[_CTX]
+        if rec[_PARENT] is None and (fw is None or fw[3] is None) and step is not None:
+            # parent_of's answer without the call: no span of the caller's, none of a framework's
             trace_id, parent_span_id, sampled = step[1], step[2], step[3]
         else:
             trace_id, parent_span_id, sampled = self.parent_of(rec[_PARENT], rec[_CTX], step)

@@ -134,6 +134,8 @@ class Intervals:
         self.folded_end = old[-1][1]
 
     def union_seconds(self, lo: int, hi: int) -> float:
+        if self.folded_end is None and not self.head:  # nothing compacted: the common step
+            return union_seconds(self.tail, lo, hi)
         return union_seconds(self.head + self._clipped_tail(), lo, hi) + self.folded / 1e9
 
 
@@ -205,6 +207,7 @@ class StepTracker:
         self.exchange: Any = None
         self._lock = threading.RLock()
         self._recent = _Recent(101)
+        self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (_close_step)
         self._last_slow_warning = -10**9
         # The optimizer whose steps close training steps, and what the others did since its last (_closes).
         self._lead: Any = None  # weak reference
@@ -408,10 +411,65 @@ _USER_KEYS = ("loss", "learning_rate", "samples", "tokens")
 
 @R.drained
 def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backward, final, error, warmup) -> None:
+    # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
     tracker.prepare_ids()
+    index, sampled = ctx[0], ctx[3]
+    stats = pipeline.step_stats.pop(index, None) or StepStats()
+    if index > pipeline.last_closed_step:
+        pipeline.last_closed_step = index
+    intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
+    duration = (t1 - t0) / 1e9 if t1 > t0 else 0.0
+    wait = intervals.union_seconds(t0, t1) if count else 0.0
+    if wait > duration:
+        wait = duration
+    compute = duration - wait
+    values = {} if user is None else {k: v for k, v in zip(_USER_KEYS, user) if v is not None}
+    # The tail after the last optimizer step is no training step: traced for its collectives, not counted.
+    # A step cut short by an exception is always traced: that is where this rank failed.
+    if final and source == "optimizer" or error:
+        if error or sampled and count:
+            span_info = _info(ctx, t0, t1, source, values, backward, error)
+            _emit_step_spans(pipeline, tracker, span_info, duration, compute, wait, count, nbytes)
+        return
+    fw = pipeline.framework
+    bound = tracker._bound
+    if bound is None or bound[0] is not fw:
+        bound = tracker._bound = (
+            fw,
+            fw.histogram(n.STEP_DURATION_METRIC),
+            fw.counter(n.STEPS_METRIC),
+            fw.counter(n.STEP_COMPUTE_TIME),
+            fw.counter(n.STEP_COLLECTIVE_WAIT_TIME),
+            fw.gauge(n.STEP_CURRENT),
+        )
+    with fw.lock:
+        bound[1].observe(duration)
+        bound[2].value += 1
+        bound[3].value += compute
+        bound[4].value += wait
+        bound[5].value = index
+    if values:
+        _user_metrics(fw, values, duration)
+    recent = tracker._recent
+    median = recent.median()
+    recent.append(duration)
+    if tracker.total is not None:
+        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * recent.median())
+    if tracker.exchange is not None:
+        tracker.exchange.add_step(index, duration, compute, wait)
+    factor = tracker.cfg.slow_step_factor
+    if factor and not warmup and median is not None and duration > factor * median and len(recent) >= 6:
+        _maybe_warn_slow(pipeline, tracker, index, duration, median, _info(ctx, t0, t1, source, values, backward, error))
+    if sampled:
+        span_info = _info(ctx, t0, t1, source, values, backward, error)
+        _emit_step_spans(pipeline, tracker, span_info, duration, compute, wait, count, nbytes)
+
+
+def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:
+    """A closed step, for its spans and its slow-step warning (only those steps pay for the dict)."""
     index, trace, rank_span, sampled, root = ctx
-    info = {
+    return {
         "index": index,
         "trace": trace,
         "rank_span": rank_span,
@@ -420,31 +478,14 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
         "t_start": t0,
         "t_end": t1,
         "source": source,
-        "user": {} if user is None else {k: v for k, v in zip(_USER_KEYS, user) if v is not None},
+        "user": user,
         "backward": backward,
-        "final": final,
         "error": error,
-        "warmup": warmup,
     }
-    stats = pipeline.step_stats.pop(index, None) or StepStats()
-    pipeline.last_closed_step = max(pipeline.last_closed_step, index)
-    intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
-    duration = max(t1 - t0, 0) / 1e9
-    wait = min(intervals.union_seconds(t0, t1), duration)
-    compute = max(duration - wait, 0.0)
-    # The tail after the last optimizer step is no training step: traced for its collectives, not counted.
-    # A step cut short by an exception is always traced: that is where this rank failed.
-    if info["final"] and info["source"] == "optimizer" or info["error"]:
-        if info["error"] or info["sampled"] and count:
-            _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
-        return
-    fw = pipeline.framework
-    fw.observe(n.STEP_DURATION_METRIC, (), duration)
-    fw.add(n.STEPS_METRIC, (), 1)
-    fw.add(n.STEP_COMPUTE_TIME, (), compute)
-    fw.add(n.STEP_COLLECTIVE_WAIT_TIME, (), wait)
-    fw.set(n.STEP_CURRENT, (), index)
-    user = info["user"]
+
+
+def _user_metrics(fw: Any, user: dict, duration: float) -> None:
+    """What otel_torchdist.record() gave the step: loss, learning rate, samples and tokens (and their rates)."""
     if "loss" in user:
         fw.set(n.TRAIN_LOSS, (), user["loss"])
     if "learning_rate" in user:
@@ -457,16 +498,6 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
         fw.add(n.TRAIN_TOKENS, (), user["tokens"])
         if duration > 0:
             fw.set(n.TRAIN_TOKEN_RATE, (), user["tokens"] / duration)
-    recent = tracker._recent
-    median = recent.median()
-    recent.append(duration)
-    if tracker.total is not None:
-        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * recent.median())
-    if tracker.exchange is not None:
-        tracker.exchange.add_step(index, duration, compute, wait)
-    _maybe_warn_slow(pipeline, tracker, index, duration, median, info)
-    if info["sampled"]:
-        _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
 
 
 _CLOSE_STEP = R.key(_close_step)
@@ -531,9 +562,7 @@ SLOW_STEP_MIN_EXCESS = 0.1  # seconds a slow step must exceed the median by, bes
 
 
 def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: float, median, info: dict) -> None:
-    factor = tracker.cfg.slow_step_factor
-    if not factor or info.get("warmup") or median is None or len(tracker._recent) < 6 or duration <= factor * median:
-        return
+    # The caller checked the factor, warm-up and history already.
     if duration - median < SLOW_STEP_MIN_EXCESS:
         return  # millisecond steps: a garbage collection is not worth a warning
     if index - tracker._last_slow_warning < 100:

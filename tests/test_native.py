@@ -147,6 +147,26 @@ def test_entries_beyond_the_capacity_are_dropped_and_counted(native_built, gloo_
     assert record.dropped_records() - before == 3
 
 
+def test_records_are_tuples_whose_span_attributes_are_cached_per_site(native_built, gloo_alone, instrumented):
+    """A traced step's bucket spans share one encoded attribute block per call site, as other records do:
+    that cache keys on slices of the record, which a list (unhashable) would silently defeat."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from otel_torchdist import runtime, spans
+    from otel_torchdist.capture import ddp_native, groups
+
+    instrumented(run_id="native-sites", drain_interval=3600.0)
+    model = DDP(_mlp())
+    _train(model, 4)
+    recs = ddp_native.take(runtime.current().pipeline.step_tracker, 0, force=True)
+    buckets = [r for r in recs if r[R.CTX] is not None and r[R.CTX][0] == "ddp"]
+    assert len(buckets) >= 3
+    for rec in recs:
+        assert type(rec) is tuple
+        gi = groups.BY_ID[rec[R.GROUP]]
+        assert spans.site_block(rec, gi) is spans.site_block(rec, gi)
+
+
 # ---------------------------------------------------------------------------------- a hang in C++
 @pytest.fixture(scope="module")
 def hang_job(tmp_path_factory, native_built):

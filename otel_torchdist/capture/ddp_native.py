@@ -48,6 +48,7 @@ _UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
 # the message is the backend's own.
 _ERROR_TYPE = "RuntimeError"
 _RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
+_NBYTES, _CTX = R.NBYTES, R.CTX
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
 
 # The loaded native module while instrumented with it, else None.
@@ -168,8 +169,9 @@ def forget(ddp: Any) -> None:
 
 # ------------------------------------------------------------------------------------------ the drain
 class _Backward:
-    """The buckets one backward pass (or one pass of DDP's Join hook) issued on one group so far, in index
-    order. ``key``: (graph task, step, batch), which tells one pass from the next."""
+    """The buckets one backward pass (or one pass of DDP's Join hook) issued on one group so far, each as
+    (sequence number, start, arrival, record) to sort into issue order. ``key``: (graph task, step,
+    batch), which tells one pass from the next."""
 
     __slots__ = ("key", "step", "records", "last_t")
 
@@ -229,24 +231,18 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     ]  # fmt: skip
 
 
-def _is_bucket(e: tuple) -> bool:
-    """A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
-    Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward)."""
-    dtype = e[E_DTYPE]
-    return e[E_OP] == 0 and e[E_ERROR] is None and dtype is not None and dtype.is_floating_point
-
-
-def _issue_order(rec: list) -> tuple:
-    return (rec[R.SEQ] if rec[R.SEQ] is not None else -1, rec[R.T_START])
-
-
 def _release(held: _Backward, out: list) -> None:
     records = held.records
-    records.sort(key=_issue_order)  # entries come in the order they completed; a small bucket may finish first
+    # Entries come in the order they completed (a small bucket may finish first): sorted by sequence number,
+    # then start; the arrival number keeps records themselves from being compared.
+    records.sort()
     last = len(records) - 1
-    for i, rec in enumerate(records):
-        rec[R.CTX] = _bucket_context(i, rec[R.NBYTES], i == last)  # phase backward, as the comm hook says
-        out.append(tuple(rec))
+    contexts = _contexts
+    for i, (_, _, _, rec) in enumerate(records):
+        key = (i, rec[_NBYTES], i == last)
+        ctx = contexts.get(key)
+        rec[_CTX] = ctx if ctx is not None else _bucket_context(*key)  # phase backward, as the comm hook says
+        out.append(tuple(rec))  # a tuple, as every record: spans.site_block caches by its slices
 
 
 def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
@@ -260,24 +256,31 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
     if dropped:
         R._dropped[0] += dropped
     slot = R.SLOTS[0]
+    held_by = _held
     for e in mod.take():
         rec = _record(e, tracker, n.END_FUTURE)
-        if not _is_bucket(e):
+        dtype = e[E_DTYPE]
+        # A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
+        # Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward).
+        if e[E_OP] != 0 or e[E_ERROR] is not None or dtype is None or not dtype.is_floating_point:
             out.append(tuple(rec))
             continue
         owner = e[E_OWNER]
         key = (e[E_TASK], e[E_STEP], e[E_BATCH])
-        held = _held.get(owner)
+        held = held_by.get(owner)
         if held is not None and held.key != key:
-            _release(_held.pop(owner), out)
+            _release(held_by.pop(owner), out)
             held = None
         if held is None:
-            held = _held[owner] = _Backward(key, e[E_STEP])
-        held.records.append(rec)
+            held = held_by[owner] = _Backward(key, e[E_STEP])
+        records = held.records
+        records.append((e[E_SEQ], e[E_T0], len(records), rec))
         held.last_t = e[E_T1]
+    if not held_by:
+        return out
     flying = None
-    for owner in list(_held):
-        held = _held[owner]
+    for owner in list(held_by):
+        held = held_by[owner]
         if not force and held.step == slot:
             if now - held.last_t <= HOLD_NS:
                 continue
@@ -285,7 +288,7 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
                 flying = {(e[E_OWNER], (e[E_TASK], e[E_STEP], e[E_BATCH])) for e in mod.in_flight()}
             if (owner, held.key) in flying:
                 continue
-        _release(_held.pop(owner), out)
+        _release(held_by.pop(owner), out)
     return out
 
 

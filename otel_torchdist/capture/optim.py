@@ -204,13 +204,21 @@ def _now(value: Any) -> Any:
     return value
 
 
+_durations: dict[str, tuple] = {}  # optimizer class -> (FrameworkMetrics, its bound duration histogram)
+
+
 @R.drained
 def _finished(
     pipeline, cls, inner, count, in_backward, ngroups, nparams, t_start, t_end, user, fw, step, trace, span, parent,
     close, *hyper
 ) -> None:
     try:
-        pipeline.framework.observe(n.OPTIMIZER_STEP_DURATION, (cls,), (t_end - t_start) / 1e9)
+        fw = pipeline.framework
+        bound = _durations.get(cls)
+        if bound is None or bound[0] is not fw:
+            bound = _durations[cls] = (fw, fw.histogram(n.OPTIMIZER_STEP_DURATION, (cls,)))
+        with fw.lock:
+            bound[1].observe((t_end - t_start) / 1e9)
         if trace is not None:  # None: a step of an untraced training step (see _pre)
             attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
             snap, opened = (user, fw, step), (trace, span, parent)

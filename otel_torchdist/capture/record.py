@@ -176,7 +176,8 @@ def function(entry: tuple) -> Any:
 
 def run(pipeline: Any, entry: tuple) -> None:
     """Run a deferred entry (on the drain thread)."""
-    function(entry)(pipeline, *entry[1:])
+    fn = entry[0]
+    (DRAINED[fn] if fn.__class__ is int else fn)(pipeline, *entry[1:])
 
 
 def push(rec: list) -> None:
