@@ -26,8 +26,8 @@ calls); their difference divided by the difference in length is the cost per ste
   steps ("deferred"), and the idle section counts what the timers cost at rest, per second, default
   settings. The timer threads that still tick when held back (span export's 1 s tick, the Prometheus
   server's poll, the hang watchdog's scan) tick per second of wall time, and a step under callgrind takes
-  ~50x its real time: a section of their own counts them per second, and their share of the steps'
-  wall time ("timers") is taken out of all threads.
+  many times its real time: the threads busy in a section where the training thread sleeps are those
+  timers, and what they did during the steps ("timers") is taken out of all threads.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
   thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
   collective and in units of one plain call; the same for a functional collective (``funcol.all_reduce``
@@ -71,8 +71,8 @@ def _section(label: str, work) -> None:
 # Everything otel-torchdist does on a timer waits past the sections, so that the flush that ends each one
 # is where the deferred work of its steps is counted; what the timers cost on their own is the idle section.
 QUIET = dict(drain_interval=3600.0, span_schedule_delay=3600.0, metric_export_interval=3600.0, system_interval=3600.0)
-TIMERS_S = 5.0  # seconds of the section that counts the held-back timers per second of wall time
-WALL = "wall time of section "  # a line of the DDP child's output: the label, then seconds
+TIMERS_S = 11.0  # seconds of the section that finds the timer threads (busy while the training thread sleeps;
+# the hang watchdog scans every 10 s at most)
 
 
 def _ddp_child(args: argparse.Namespace) -> None:
@@ -115,9 +115,7 @@ def _ddp_child(args: argparse.Namespace) -> None:
             return
         steps(step, warm)
         for n in _lengths(args.steps):
-            start = time.perf_counter()
             _section(f"{label}:{n}:steps", lambda: steps(step, n))
-            print(f"{WALL}{label}:{n}:steps {time.perf_counter() - start:.6f}", flush=True)
             if flush is not None:
                 _section(f"{label}:{n}:flush", flush)
 
@@ -130,8 +128,9 @@ def _ddp_child(args: argparse.Namespace) -> None:
         flush()
         counted(label, step, flush)
         # The timer threads that still tick while held back (span export's 1 s tick, the Prometheus server's
-        # poll, the hang watchdog's scan) wake per second of wall time, and a step under callgrind takes ~50x
-        # its real time: what they cost per second here is taken out of the steps (see _report_ddp).
+        # poll, the hang watchdog's scan) tick per second of wall time, and a step under callgrind takes many
+        # times its real time. The threads busy while nothing else runs are those timers: _report_ddp takes
+        # them out of the steps.
         _section(f"{label}:0:timers", lambda: time.sleep(TIMERS_S))
         otel_torchdist.uninstrument()
 
@@ -327,11 +326,12 @@ def _hot_child(args: argparse.Namespace) -> None:
 _PART = re.compile(r"\.(\d+)-(\d+)$")
 
 
-def _read(folder: str) -> tuple[dict[str, int], dict[str, int], dict[str, float]]:
-    """{label: instructions of the main thread}, {label: instructions of all threads} from the dumps, and
-    {label: seconds} of the sections whose wall time the child printed (see counted)."""
+def _read(folder: str) -> tuple[dict[str, int], dict[str, int], dict[str, dict[str, int]]]:
+    """{label: instructions of the main thread}, {label: instructions of all threads}, and {label: {thread:
+    instructions}} from the dumps."""
     main: dict[str, int] = {}
     every: dict[str, int] = {}
+    threads: dict[str, dict[str, int]] = {}
     dumps = [(int(m.group(1)), m.group(2), p) for p in glob.glob(os.path.join(folder, "cg.*")) if (m := _PART.search(p))]
     for _, thread, path in sorted(dumps):  # in the order of the sections; the termination dump has no part
         label = count = None
@@ -345,20 +345,13 @@ def _read(folder: str) -> tuple[dict[str, int], dict[str, int], dict[str, float]
         if label is None or count is None:
             continue
         every[label] = every.get(label, 0) + count
+        threads.setdefault(label, {})[thread] = threads.get(label, {}).get(thread, 0) + count
         if thread == "01":
             main[label] = main.get(label, 0) + count
-    walls: dict[str, float] = {}
-    log = os.path.join(folder, "log.txt")
-    if os.path.exists(log):
-        with open(log, errors="replace") as f:
-            for line in f:
-                if line.startswith(WALL):
-                    label, seconds = line[len(WALL) :].rsplit(" ", 1)
-                    walls[label] = float(seconds)
-    return main, every, walls
+    return main, every, threads
 
 
-def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], dict[str, int], dict[str, float]]]:
+def _run_children(args: argparse.Namespace) -> dict[str, tuple[dict[str, int], dict[str, int], dict[str, dict[str, int]]]]:
     here = os.path.dirname(os.path.abspath(__file__))
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")])))
     work = tempfile.mkdtemp(prefix="otel-torchdist-callgrind-")
@@ -412,8 +405,8 @@ def _report(args: argparse.Namespace, results: dict) -> None:
         _report_hot(args, results["hot"])
 
 
-def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, float]]) -> None:
-    main, every, walls = counts
+def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, dict[str, int]]]) -> None:
+    main, every, threads = counts
     idle = every.pop("idle", None)
     main.pop("idle", None)
     on_thread, whole = _per_unit(main, args.steps), _per_unit(every, args.steps)
@@ -421,14 +414,23 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
     print(f"# 1 gloo rank, MLP 64-512-512-64, batch {args.batch}; per step, from sections of {short} and {long} steps")
     print(f"{'variant':<31} {'training thread':>15} {'added':>8} {'deferred':>9} {'timers':>7} {'all threads':>12} {'added':>8}")
 
+    # The threads that worked while an instrumented variant's training thread slept are otel-torchdist's
+    # timers (the training thread and gloo's are idle then).
+    timer_threads = {
+        label.rsplit(":", 2)[0]: {t for t, count in by_thread.items() if count and t != "01"}
+        for label, by_thread in threads.items()
+        if label.endswith(":0:timers")
+    }
+    ticks = {
+        label: sum(count for t, count in threads[label].items() if t in timer_threads.get(label.rsplit(":", 2)[0], ()))
+        for label in every
+        if label in threads
+    }
+    timer_share = _per_unit(ticks, args.steps)
+
     def timers(variant: str) -> float:
-        """What the held-back timer threads did per step while the steps ran, at their rate per second of
-        wall time (the variant's timers section) times the wall time of a step under callgrind."""
-        count = every.get(f"{variant}:0:timers")
-        a, b = walls.get(f"{variant}:{short}:steps"), walls.get(f"{variant}:{long}:steps")
-        if count is None or a is None or b is None:
-            return 0.0
-        return count / TIMERS_S * (b - a) / (long - short)
+        """What the timer threads did per step while the steps ran (and the flush after them)."""
+        return timer_share.get((variant, "steps"), 0.0) + timer_share.get((variant, "flush"), 0.0)
 
     def total(variant: str) -> float:  # all threads, the deferred work included, the timers' ticks not
         return whole[(variant, "steps")] + whole.get((variant, "flush"), 0.0) - timers(variant)
@@ -467,14 +469,15 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
             print(f"added per DDP step, all threads: otel-torchdist {ours / 1e6:.2f} M, {tool[4:]} {theirs / 1e6:.2f} M ({ratio})")
     if any(timers(v) for v, kind in on_thread if kind == "steps"):
         print(
-            "timers: otel-torchdist's timer threads ticking while the steps ran, ~50x slower under callgrind than in "
-            "real time; taken out of all threads (at real speed they are the idle row's cost per second)"
+            "timers: what otel-torchdist's timer threads (those busy while the training thread sleeps) did while the "
+            "steps ran, slowed down many times under callgrind; taken out of all threads (at real speed they cost the "
+            "idle row's instructions per second)"
         )
     if idle is not None:
         print(f"timers at rest (default settings, all threads): {idle / args.idle / 1e6:.2f} M instructions per second")
 
 
-def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, float]]) -> None:
+def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str, int], dict[str, dict[str, int]]]) -> None:
     main, every, _ = counts
     on_thread, whole = _per_unit(main, args.calls), _per_unit(every, args.calls)
     short, long = _lengths(args.calls)

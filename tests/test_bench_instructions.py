@@ -37,11 +37,10 @@ def test_read_sums_threads_per_section_and_keeps_the_main_thread_apart(bench, tm
     _dump(tmp_path, 7, 2, 1, "DDP plain:40:steps", 4000)
     _dump(tmp_path, 7, 2, 3, "DDP plain:40:steps", 90)
     _dump(tmp_path, 7, 0, 1, None, 123456)  # the dump at exit belongs to no section
-    (tmp_path / "log.txt").write_text(f"some output\n{bench.WALL}DDP plain:10:steps 0.500000\n")
-    main, every, walls = bench._read(str(tmp_path))
+    main, every, threads = bench._read(str(tmp_path))
     assert main == {"DDP plain:10:steps": 1000, "DDP plain:40:steps": 4000}
     assert every == {"DDP plain:10:steps": 1030, "DDP plain:40:steps": 4090}
-    assert walls == {"DDP plain:10:steps": 0.5}
+    assert threads == {"DDP plain:10:steps": {"01": 1000, "02": 30}, "DDP plain:40:steps": {"01": 4000, "03": 90}}
 
 
 def test_per_unit_is_the_difference_of_the_two_lengths(bench):
@@ -57,28 +56,26 @@ def test_per_unit_is_the_difference_of_the_two_lengths(bench):
     assert bench._per_unit(counts, 40) == {("DDP instrumented", "steps"): 100.0, ("DDP instrumented", "flush"): 7.0}
 
 
-def test_the_timers_ticking_in_wall_time_are_taken_out_of_all_threads(bench, capsys):
-    """Timer threads tick per second of wall time; a step under callgrind takes far longer than in reality,
-    so their ticks during the steps are removed at the rate their own section measured."""
+def test_the_timer_threads_are_taken_out_of_all_threads(bench, tmp_path, capsys):
+    """Timer threads tick per second of wall time, and a step under callgrind takes far longer than in
+    reality: the threads busy while the training thread sleeps are the timers, left out of all threads."""
     short, long = bench._lengths(40)
-    every = {
-        f"DDP plain:{short}:steps": 10_000 * short,
-        f"DDP plain:{long}:steps": 10_000 * long,
-        # 1 000 a step of training and deferred work, plus 2 000 instructions a second of timers over
-        # 0.5 s a step under callgrind: 1 000 a step that are the timers'
-        f"DDP instrumented:{short}:steps": 11_500 * short,
-        f"DDP instrumented:{long}:steps": 11_500 * long,
-        f"DDP instrumented:{short}:flush": 500 * short,
-        f"DDP instrumented:{long}:flush": 500 * long,
-        "DDP instrumented:0:timers": int(2_000 * bench.TIMERS_S),
-    }
-    main = {k: v for k, v in every.items() if k.endswith(":steps")}
-    walls = {f"DDP instrumented:{short}:steps": 0.5 * short, f"DDP instrumented:{long}:steps": 0.5 * long}
+    for part, n in ((1, short), (3, long)):
+        _dump(tmp_path, 7, part, 1, f"DDP plain:{n}:steps", 10_000 * n)
+        _dump(tmp_path, 7, part, 4, f"DDP plain:{n}:steps", 100 * n)  # gloo's thread
+    for part, n in ((5, short), (7, long)):
+        _dump(tmp_path, 7, part, 1, f"DDP instrumented:{n}:steps", 11_000 * n)
+        _dump(tmp_path, 7, part, 4, f"DDP instrumented:{n}:steps", 100 * n)
+        _dump(tmp_path, 7, part, 9, f"DDP instrumented:{n}:steps", 3_000 * n)  # a timer, ticking in wall time
+        _dump(tmp_path, 7, part + 1, 1, f"DDP instrumented:{n}:flush", 500 * n)
+    _dump(tmp_path, 7, 9, 1, "DDP instrumented:0:timers", 50)  # callgrind's own request on the sleeping thread
+    _dump(tmp_path, 7, 9, 4, "DDP instrumented:0:timers", 0)
+    _dump(tmp_path, 7, 9, 9, "DDP instrumented:0:timers", 2_000)
 
     class Args:
         steps, batch = 40, 32
 
-    bench._report_ddp(Args, (main, every, walls))
+    bench._report_ddp(Args, bench._read(str(tmp_path)))
     (row,) = [line for line in capsys.readouterr().out.splitlines() if line.startswith("DDP instrumented ")]
-    # training thread 11 500 (+15 %), deferred 500, timers 1 000 taken out: all threads 11 000, +10 %
-    assert row.split() == ["DDP", "instrumented", "0.01", "M", "+15.0%", "0.00", "M", "1", "k", "0.01", "M", "+10.0%"]
+    # training thread 11 000 (+10 %), deferred 500, timers 3 000 taken out: all threads 11 600 over 10 100
+    assert row.split() == ["DDP", "instrumented", "0.01", "M", "+10.0%", "0.00", "M", "3", "k", "0.01", "M", "+14.9%"]
