@@ -345,7 +345,8 @@ def _read(folder: str) -> tuple[dict[str, int], dict[str, int], dict[str, dict[s
         if label is None or count is None:
             continue
         every[label] = every.get(label, 0) + count
-        threads.setdefault(label, {})[thread] = threads.get(label, {}).get(thread, 0) + count
+        by_thread = threads.setdefault(label, {})
+        by_thread[thread] = by_thread.get(thread, 0) + count
         if thread == "01":
             main[label] = main.get(label, 0) + count
     return main, every, threads

@@ -429,8 +429,8 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     # A step cut short by an exception is always traced: that is where this rank failed.
     if final and source == "optimizer" or error:
         if error or sampled and count:
-            span_info = _info(ctx, t0, t1, source, values, backward, error)
-            _emit_step_spans(pipeline, tracker, span_info, duration, compute, wait, count, nbytes)
+            info = _info(ctx, t0, t1, source, values, backward, error)
+            _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
         return
     fw = pipeline.framework
     bound = tracker._bound
@@ -459,11 +459,13 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     if tracker.exchange is not None:
         tracker.exchange.add_step(index, duration, compute, wait)
     factor = tracker.cfg.slow_step_factor
-    if factor and not warmup and median is not None and duration > factor * median and len(recent) >= 6:
-        _maybe_warn_slow(pipeline, tracker, index, duration, median, _info(ctx, t0, t1, source, values, backward, error))
-    if sampled:
-        span_info = _info(ctx, t0, t1, source, values, backward, error)
-        _emit_step_spans(pipeline, tracker, span_info, duration, compute, wait, count, nbytes)
+    slow = factor and not warmup and median is not None and duration > factor * median and len(recent) >= 6
+    if slow or sampled:
+        info = _info(ctx, t0, t1, source, values, backward, error)
+        if slow:
+            _maybe_warn_slow(pipeline, tracker, index, duration, median, info)
+        if sampled:
+            _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
 
 
 def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:

@@ -39,7 +39,7 @@ _log = logging.getLogger("otel_torchdist")
 SOURCE = "ddp_reducer"
 HOLD_NS = 5_000_000_000  # a backward's buckets wait at most this long for the backward to be known over
 
-# Entry fields, as timed_group.cpp's as_tuple() writes them.
+# Entry fields, as timed_group.cpp's entry_tuple() writes them.
 (E_GID, E_OP, E_T0, E_T1, E_NBYTES, E_NUMEL, E_NTENSORS, E_DTYPE, E_SEQ, E_ROOT, E_REDOP, E_STEP, E_TASK, E_ERROR,
  E_BATCH, E_OWNER) = range(16)
 _OPS = {0: ("all_reduce", bw.ALL_REDUCE), 1: ("broadcast", bw.BROADCAST)}
@@ -48,7 +48,6 @@ _UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
 # the message is the backend's own.
 _ERROR_TYPE = "RuntimeError"
 _RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
-_NBYTES, _CTX = R.NBYTES, R.CTX
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
 
 # The loaded native module while instrumented with it, else None.
@@ -231,17 +230,21 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     ]  # fmt: skip
 
 
+def _is_bucket(e: tuple) -> bool:
+    """A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
+    Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward)."""
+    dtype = e[E_DTYPE]
+    return e[E_OP] == 0 and e[E_ERROR] is None and dtype is not None and dtype.is_floating_point
+
+
 def _release(held: _Backward, out: list) -> None:
     records = held.records
     # Entries come in the order they completed (a small bucket may finish first): sorted by sequence number,
     # then start; the arrival number keeps records themselves from being compared.
     records.sort()
     last = len(records) - 1
-    contexts = _contexts
     for i, (_, _, _, rec) in enumerate(records):
-        key = (i, rec[_NBYTES], i == last)
-        ctx = contexts.get(key)
-        rec[_CTX] = ctx if ctx is not None else _bucket_context(*key)  # phase backward, as the comm hook says
+        rec[R.CTX] = _bucket_context(i, rec[R.NBYTES], i == last)  # phase backward, as the comm hook says
         out.append(tuple(rec))  # a tuple, as every record: spans.site_block caches by its slices
 
 
@@ -256,31 +259,27 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
     if dropped:
         R._dropped[0] += dropped
     slot = R.SLOTS[0]
-    held_by = _held
     for e in mod.take():
         rec = _record(e, tracker, n.END_FUTURE)
-        dtype = e[E_DTYPE]
-        # A gradient bucket's all-reduce: the reducer's other all-reduce is the unused-parameter map (ints).
-        # Issued in a backward pass, or by DDP's Join hook on a rank out of inputs (zero buckets, no backward).
-        if e[E_OP] != 0 or e[E_ERROR] is not None or dtype is None or not dtype.is_floating_point:
+        if not _is_bucket(e):
             out.append(tuple(rec))
             continue
         owner = e[E_OWNER]
         key = (e[E_TASK], e[E_STEP], e[E_BATCH])
-        held = held_by.get(owner)
+        held = _held.get(owner)
         if held is not None and held.key != key:
-            _release(held_by.pop(owner), out)
+            _release(_held.pop(owner), out)
             held = None
         if held is None:
-            held = held_by[owner] = _Backward(key, e[E_STEP])
+            held = _held[owner] = _Backward(key, e[E_STEP])
         records = held.records
         records.append((e[E_SEQ], e[E_T0], len(records), rec))
         held.last_t = e[E_T1]
-    if not held_by:
+    if not _held:
         return out
     flying = None
-    for owner in list(held_by):
-        held = held_by[owner]
+    for owner in list(_held):
+        held = _held[owner]
         if not force and held.step == slot:
             if now - held.last_t <= HOLD_NS:
                 continue
@@ -288,7 +287,7 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
                 flying = {(e[E_OWNER], (e[E_TASK], e[E_STEP], e[E_BATCH])) for e in mod.in_flight()}
             if (owner, held.key) in flying:
                 continue
-        _release(held_by.pop(owner), out)
+        _release(_held.pop(owner), out)
     return out
 
 

@@ -241,8 +241,8 @@ class TimedGroup : public c10d::ProcessGroup {
   int64_t owner_;
 };
 
-// One tuple per entry, built with the C API: pybind11's make_tuple and dtype caster cost about ten
-// times as much, per entry, on the drain thread.
+// One tuple per entry, built with the C API: through pybind11's make_tuple and dtype caster, take() cost a
+// third more per entry on the drain thread (375 ns against 275 ns, measured).
 PyObject* entry_tuple(const Entry& e) {
   PyObject* t = PyTuple_New(16);
   if (t == nullptr) return nullptr;
