@@ -26,7 +26,7 @@ from typing import Any
 from . import health, logs, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, nccl, optim, record
+from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
 from .config import Config
 from .export import node as _node
 from .export import sinks as _sinks
@@ -150,6 +150,7 @@ class Runtime:
         if dist.is_available() and dist.is_initialized():
             self.on_process_group()
         ddp_native.activate(self.cfg.native, self.cfg.max_queued_records)
+        native_hot.activate(ddp_native.module())
         try:
             ddp.adopt_existing()
         except Exception as exc:
@@ -263,7 +264,7 @@ class Runtime:
         package = os.path.dirname(os.path.abspath(__file__))
         codes = set()
         for _, _, _, replacement in self.patcher.applied:
-            for fn in (replacement, getattr(replacement, "__wrapped__", None)):
+            for fn in (replacement, getattr(replacement, "__wrapped__", None), getattr(replacement, "body", None)):
                 code = getattr(fn, "__code__", None)
                 if code is not None and "rec" in code.co_varnames and code.co_filename.startswith(package):
                     codes.add(code)
@@ -400,6 +401,7 @@ class Runtime:
                 health.error("component", f"{comp.name} could not stop", exc)
         self._finish_node()
         self.pipeline.stop(self.cfg.flush_timeout)
+        native_hot.deactivate()
         ddp_native.deactivate(restore)
         self._finish_summary()
         if self.prometheus is not None:

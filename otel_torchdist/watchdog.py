@@ -74,15 +74,16 @@ class Watchdog:
 
     # --------------------------------------------------------------------------------------- check
     def blocking_in_flight(self) -> list[list]:
-        """Records of blocking calls some thread is inside right now."""
-        records: list = []
+        """Records of blocking calls some thread is inside right now: the Python wrappers' in their frames,
+        the native fast path's in R.BLOCKING."""
+        records: list = [rec for rec in list(R.BLOCKING.values()) if rec[R.T_START]]
         for frame in sys._current_frames().values():
             while frame is not None:
                 if frame.f_code in self.codes:
                     rec = frame.f_locals.get("rec")
                     if isinstance(rec, list) and rec[R.T_START]:
                         records.append(rec)
-                    break  # the outermost wrapper on this thread is enough
+                        break  # one record a thread: a nested call passes through without its own
                 frame = frame.f_back
         return records
 

@@ -49,10 +49,11 @@ def test_builds_are_kept_apart_by_torch_python_and_source(tmp_path, monkeypatch)
     name = native.build_dir().name
     assert name.startswith(f"torch{torch.__version__}".replace("+", "_"))
     assert "cpython" in name or "pypy" in name
-    # the source's digest: a changed timed_group.cpp never loads an older build
+    # the sources' digest: a changed timed_group.cpp or hot_path.cpp never loads an older build
     import hashlib
 
-    assert name.endswith(hashlib.sha256(native.SOURCE.read_bytes()).hexdigest()[:12])
+    whole = hashlib.sha256(b"".join(s.read_bytes() for s in native.SOURCES)).hexdigest()[:12]
+    assert name.endswith(whole) and {s.name for s in native.SOURCES} == {"timed_group.cpp", "hot_path.cpp"}
 
 
 def test_the_setting_is_checked_by_name(monkeypatch):

@@ -220,15 +220,29 @@ def _fail(rec: list, exc: BaseException) -> None:
     complete(rec, n.END_RETURN)
 
 
+def _finish_failed(name: str, exc: BaseException) -> None:
+    """The native fast path's report of a failure after the call returned (see native_hot.py)."""
+    health.error("capture", f"could not complete a {name} record", exc)
+
+
+# The native part's hot_call while it is loaded (native_hot.py), else None; and the wrapped functions it can
+# take: (their op cell, spec, binder, original, Python body), for native_hot to fill each cell.
+_hot_call: Callable | None = None
+HOT: list[tuple[list, OpSpec, Binder, Callable, Callable]] = []
+
+
+def hot_eligible(spec: OpSpec, binder: Binder) -> bool:
+    """Whether the native fast path can take calls of ``spec``: one tensor whose size is the message (or n
+    times it), what the Python body's literal describes."""
+    return len(spec.payload) == 1 and spec.size in ("sum", "times_n") and binder.n <= 16
+
+
 def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
     binder = Binder(spec, orig)
     begin = _make_begin(spec, binder)
     inner_size = _inner_size(spec, binder) if spec.size != "batch" else None
 
-    @functools.wraps(orig)
-    def wrapper(*args, **kwargs):
-        if not _LIVE or _is_compiling():
-            return orig(*args, **kwargs)
+    def body(args: tuple, kwargs: dict) -> Any:
         outer = TLS.outer
         if outer is not None:
             if outer[_INNER] and inner_size is not None:
@@ -271,7 +285,21 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
             health.error("capture", f"could not complete a {spec.name} record", exc)
         return result
 
+    hot: list = [None]  # the native part's op for this function while it is loaded (native_hot.py)
+
+    @functools.wraps(orig)
+    def wrapper(*args, **kwargs):
+        if not _LIVE or _is_compiling():
+            return orig(*args, **kwargs)
+        op = hot[0]
+        if op is not None:
+            return _hot_call(op, args, kwargs)
+        return body(args, kwargs)
+
+    if hot_eligible(spec, binder):
+        HOT.append((hot, spec, binder, orig, body))
     wrapper.__otel_torchdist_wrapped__ = orig
+    wrapper.body = body  # its frame holds the record: the hang watchdog reads it there
     return wrapper
 
 

@@ -96,6 +96,11 @@ def activate(mode: str, capacity: int) -> None:
     _mod = mod
 
 
+def module() -> Any:
+    """The native module while it is loaded for this instrument(), else None."""
+    return _mod
+
+
 def deactivate(restore: bool) -> None:
     """End of instrument(): give attached reducers their real group back when ``restore``."""
     global _mod
@@ -308,4 +313,4 @@ def abandon(tracker: Any) -> list[list]:
     return [_record(e, tracker, n.END_UNFINISHED) for e in mod.abandon()]
 
 
-__all__ = ["SOURCE", "activate", "attach", "deactivate", "forget", "in_flight", "is_attached", "take", "abandon"]
+__all__ = ["SOURCE", "activate", "module", "attach", "deactivate", "forget", "in_flight", "is_attached", "take", "abandon"]

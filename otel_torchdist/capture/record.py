@@ -123,6 +123,9 @@ class _Local(threading.local):
 
 
 TLS = _Local()
+# thread id -> the record of the blocking call that thread is inside, for the calls the native fast path
+# takes (capture/native_hot.py); the Python wrappers' records are found in their frames (watchdog.py).
+BLOCKING: dict[int, list] = {}
 QUEUE: deque[tuple] = deque()
 _limit = [65536]
 _dropped = [0]

@@ -1,4 +1,5 @@
-"""otel-torchdist's native part: a C++ process group that records DDP's reducer without Python.
+"""otel-torchdist's native part: a C++ process group that records DDP's reducer without Python, and the
+c10d wrapper's common case in C++ (``hot_path.cpp``, see ``capture/native_hot.py``).
 
 DDP's reducer issues the gradient all-reduces from C++. Capturing them from Python takes a comm hook, and
 any comm hook costs DDP a pass over each bucket (without one the reducer scales gradients while copying
@@ -27,9 +28,9 @@ from types import ModuleType
 
 _log = logging.getLogger("otel_torchdist")
 
-SOURCE = Path(__file__).with_name("timed_group.cpp")
+SOURCES = (Path(__file__).with_name("timed_group.cpp"), Path(__file__).with_name("hot_path.cpp"))
 NAME = "otel_torchdist_native"
-VERSION = 1  # the C++ module's kVersion this Python side speaks
+VERSION = 2  # the C++ module's kVersion this Python side speaks
 
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
@@ -52,10 +53,18 @@ def build_dir() -> Path:
     torch upgrade never loads a build made against another ABI."""
     import torch
 
-    digest = hashlib.sha256(SOURCE.read_bytes()).hexdigest()[:12]
+    digest = source_digest()
     abi = int(getattr(torch._C, "_GLIBCXX_USE_CXX11_ABI", 1))
     tag = f"torch{torch.__version__}-{sys.implementation.cache_tag}-abi{abi}-{digest}"
     return cache_root() / tag.replace("+", "_")
+
+
+def source_digest() -> str:
+    """What names a build: the sources' SHA-256, so a changed source never loads an older build."""
+    h = hashlib.sha256()
+    for source in SOURCES:
+        h.update(source.read_bytes())
+    return h.hexdigest()[:12]
 
 
 def library_path() -> Path:
@@ -129,7 +138,7 @@ def _compile(verbose: bool) -> ModuleType:
     folder.mkdir(parents=True, exist_ok=True)
     try:
         return cpp_extension.load(
-            name=NAME, sources=[str(SOURCE)], build_directory=str(folder), extra_cflags=["-O2"], verbose=verbose
+            name=NAME, sources=[str(s) for s in SOURCES], build_directory=str(folder), extra_cflags=["-O2"], verbose=verbose
         )
     except Exception as exc:
         raise NativeBuildError(f"building otel-torchdist's native part in {folder} failed: {exc}") from exc

@@ -29,7 +29,7 @@ namespace {
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 1;
+constexpr int kVersion = 2;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -322,6 +322,10 @@ void set_capacity(int64_t n) {
 
 }  // namespace
 
+namespace otel_hot {
+int add_to(PyObject* module);  // hot_path.cpp: the c10d wrapper's common case
+}
+
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module::import("torch.distributed");  // registers the ProcessGroup type this one derives from
   py::class_<TimedGroup, c10d::ProcessGroup, c10::intrusive_ptr<TimedGroup>>(m, "TimedGroup")
@@ -337,5 +341,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");
   m.def("slots", [] { return py::memoryview::from_memory(slots, sizeof(slots), false); },
         "The two int64 the Python side writes: the current step's index, the batch number.");
+  if (otel_hot::add_to(m.ptr()) < 0) throw py::error_already_set();
   m.attr("VERSION") = kVersion;
 }

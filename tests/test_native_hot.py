@@ -1,0 +1,210 @@
+"""The c10d wrapper's common case in C++ (native/hot_path.cpp, capture/native_hot.py): the same records as
+the Python body, field by field, for the calls it takes; every other call handed to the Python body; the
+collective's result and exceptions untouched. The rest of the suite runs its collectives through it too
+wherever the native part is built (.ci/install builds it)."""
+
+from __future__ import annotations
+
+import re
+import sys
+
+import pytest
+import torch
+import torch.distributed as dist
+
+import otel_torchdist
+from otel_torchdist.capture import c10d
+from otel_torchdist.capture import record as R
+
+QUIET = dict(drain_interval=3600.0, span_schedule_delay=3600.0, metric_export_interval=3600.0)
+TIMES = (R.T_START, R.T_END, R.SEQ)
+
+
+@pytest.fixture
+def hot(fake_pg, instrumented, native_built):
+    instrumented(native="auto", **QUIET)
+    assert c10d._hot_call is not None and c10d.HOT, "the native fast path is not active"
+    dist.all_reduce(torch.ones(1))  # a group's first call goes through Python, which registers the group
+    yield fake_pg
+
+
+def _cells(name: str) -> list[list]:
+    """The op cells of the wrappers of ``name`` (torch.distributed's and distributed_c10d's)."""
+    return [cell for cell, spec, *_ in c10d.HOT if spec.name == name]
+
+
+def _call(fn, *args, **kwargs) -> tuple[tuple, bool, object]:
+    """Run one captured call; (its record, whether the Python body took the outermost call, the result).
+    (A call torch makes inside it, such as all_gather_into_tensor's all_gather_single, is nested: the body
+    passes it through.)"""
+    seen = []
+
+    def profile(frame, event, arg):
+        if event == "call" and frame.f_code is c10d.HOT[0][4].__code__ and R.TLS.outer is None:
+            seen.append(frame.f_code)
+
+    queued = len(R.QUEUE)
+    sys.setprofile(profile)
+    try:
+        result = fn(*args, **kwargs)
+    finally:
+        sys.setprofile(None)
+    assert len(R.QUEUE) == queued + 1, "one record per call"
+    return R.QUEUE[-1], bool(seen), result
+
+
+def _both(name: str, fn, *args, **kwargs) -> tuple[tuple, tuple]:
+    """The record of the call through the native fast path, then of the same call through the Python body."""
+    native, in_python, _ = _call(fn, *args, **kwargs)
+    assert not in_python, f"{name}: the native fast path handed the call to Python"
+    cells = _cells(name)
+    saved = [cell[0] for cell in cells]
+    for cell in cells:
+        cell[0] = None
+    try:
+        python, in_python, _ = _call(fn, *args, **kwargs)
+    finally:
+        for cell, op in zip(cells, saved):
+            cell[0] = op
+    assert in_python
+    return native, python
+
+
+def _same(native: tuple, python: tuple) -> None:
+    assert len(native) == len(python) == R.FIELDS
+    for i, (a, b) in enumerate(zip(native, python)):
+        if i in TIMES:
+            continue
+        assert a == b and type(a) is type(b), f"field {i}: native {a!r}, Python {b!r}"
+    assert native[R.T_END] >= native[R.T_START] > 0
+    assert python[R.SEQ] == native[R.SEQ] + 1  # the group's counter, one call later
+
+
+CALLS = [
+    ("all_reduce", lambda: dist.all_reduce(torch.ones(8, 4))),
+    ("all_reduce", lambda: dist.all_reduce(torch.ones(3), op=dist.ReduceOp.MAX)),
+    ("all_reduce", lambda: dist.all_reduce(torch.ones(3, dtype=torch.bfloat16), dist.ReduceOp.SUM, None, False)),
+    ("all_reduce", lambda: dist.all_reduce(torch.tensor(2.0), group=dist.group.WORLD)),
+    ("all_reduce", lambda: dist.all_reduce(torch.ones(6, 4).t())),  # not contiguous
+    ("all_reduce", lambda: dist.all_reduce(torch.ones(4), async_op=True).wait()),  # completed by Python's _finish
+    ("broadcast", lambda: dist.broadcast(torch.ones(5, dtype=torch.int64), src=0)),
+    ("broadcast", lambda: dist.broadcast(torch.ones(5), 0)),
+    ("reduce", lambda: dist.reduce(torch.ones(7), dst=0, op=dist.ReduceOp.MIN)),
+    ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(torch.empty(16), torch.ones(4))),
+    ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(8))),
+    ("all_to_all_single", lambda: dist.all_to_all_single(torch.empty(8), torch.ones(8))),
+]
+
+
+@pytest.mark.parametrize("name,fn", CALLS, ids=[f"{i}-{name}" for i, (name, _) in enumerate(CALLS)])
+def test_native_records_are_the_python_records(hot, name, fn):
+    native, python = _both(name, fn)
+    _same(native, python)
+
+
+def test_the_callers_span_and_the_framework_context_and_step_are_recorded(hot):
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    from otel_torchdist.capture import context
+
+    tracer = TracerProvider().get_tracer("test")
+    step = (41, 1234, 5678, True, 99)
+    R.STEP[0], saved_step = step, R.STEP[0]
+    token = context.push(framework="ddp", phase="forward")
+    try:
+        with tracer.start_as_current_span("mine") as span:
+            native, python = _both("all_reduce", lambda: dist.all_reduce(torch.ones(3)))
+    finally:
+        context.pop(token)
+        R.STEP[0] = saved_step
+    _same(native, python)
+    assert native[R.PARENT] is span and native[R.STEPCTX] == step and native[R.CTX] is not None
+    assert trace.get_current_span() is not span
+
+
+def test_what_it_does_not_take_goes_to_the_python_body(hot):
+    class Sub(torch.Tensor):
+        pass
+
+    x = torch.ones(4).as_subclass(Sub)
+    _, in_python, _ = _call(dist.all_reduce, x)
+    assert in_python  # a tensor subclass
+    _, in_python, _ = _call(dist.all_gather, [torch.empty(2) for _ in range(4)], torch.ones(2))
+    assert in_python  # a list of tensors
+
+
+def test_the_result_and_the_exception_pass_through(hot):
+    assert dist.all_reduce(torch.ones(2)) is None
+    work = dist.all_reduce(torch.ones(2), async_op=True)
+    assert work is not None and work.wait()
+    with pytest.raises(Exception) as uninstrumented:
+        c10d.HOT[0][3](torch.ones(2), op="not an op")  # the original, unwrapped
+    queued = len(R.QUEUE)
+    with pytest.raises(type(uninstrumented.value)) as raised:
+        dist.all_reduce(torch.ones(2), op="not an op")
+    address = re.compile(r"0x[0-9a-f]+")
+    assert address.sub("", str(raised.value)) == address.sub("", str(uninstrumented.value))
+    assert R.TLS.outer is None
+    assert len(R.QUEUE) == queued + 1  # raised inside the call: recorded, as failed
+    assert R.QUEUE[-1][R.ERROR][0] == type(raised.value).__name__ and R.QUEUE[-1][R.OP] == "all_reduce"
+
+
+def test_a_full_queue_drops_and_counts(hot):
+    saved = R._limit[0]
+    R._limit[0] = len(R.QUEUE)
+    before = R.dropped_records()
+    try:
+        dist.all_reduce(torch.ones(2))
+        dist.all_reduce(torch.ones(2))
+    finally:
+        R._limit[0] = saved
+    assert R.dropped_records() == before + 2
+
+
+def test_native_off_and_uninstrument_leave_python_alone(fake_pg, instrumented, native_built):
+    instrumented(native="off", **QUIET)
+    assert c10d._hot_call is None and all(cell[0] is None for cell, *_ in c10d.HOT)
+    otel_torchdist.uninstrument()
+    assert c10d._hot_call is None and not c10d.HOT
+
+
+def _own_op(orig):
+    """A native op over ``orig`` in place of all_reduce's original, laid out as all_reduce's wrapper is."""
+    from otel_torchdist.capture import ddp_native, native_hot
+
+    cell, spec, binder, _, body = next(entry for entry in c10d.HOT if entry[1].name == "all_reduce")
+    mod = ddp_native.module()
+    return mod, mod.hot_op(orig, body, binder.names, binder.defaults, spec.name, spec.kind, *native_hot._layout(spec, binder))
+
+
+def test_the_call_in_flight_is_where_the_watchdog_looks_and_its_exception_is_the_same_object(hot):
+    import threading
+
+    from otel_torchdist import runtime
+
+    seen = {}
+
+    def orig(tensor, op=None, group=None, async_op=False):
+        seen["blocking"] = dict(R.BLOCKING)
+        seen["watchdog"] = runtime.current().watchdog.blocking_in_flight()
+        return "the result"
+
+    mod, op = _own_op(orig)
+    x = torch.ones(3)
+    assert mod.hot_call(op, (x,), {}) == "the result"
+    (rec,) = seen["blocking"].values()
+    assert list(seen["blocking"]) == [threading.get_ident()] and rec[R.OP] == "all_reduce" and rec[R.T_START] > 0
+    assert [r is rec for r in seen["watchdog"]] == [True]
+    assert not R.BLOCKING and R.QUEUE[-1][R.NUMEL] == 3
+
+    failure = ValueError("from the collective")
+
+    def failing(tensor, op=None, group=None, async_op=False):
+        raise failure
+
+    mod, op = _own_op(failing)
+    with pytest.raises(ValueError) as raised:
+        mod.hot_call(op, (x,), {})
+    assert raised.value is failure and not R.BLOCKING and R.TLS.outer is None
+    assert R.QUEUE[-1][R.ERROR] == ("ValueError", "from the collective")
