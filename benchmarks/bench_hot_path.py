@@ -2,6 +2,9 @@
 
     python benchmarks/bench_hot_path.py [--calls 20000] [--repeats 7] [--chunk 2000]
 
+With the native part built (``otel-torchdist build-native``) the c10d wrapper's common case runs in C++;
+the last variant turns it off (``native="off"``), for the Python wrapper's cost.
+
 Plain and instrumented ``dist.all_reduce`` loops run interleaved in one process, ``--repeats`` rounds of
 ``--calls`` calls each; the table gives median, min and max microseconds per call over rounds.
 
@@ -90,6 +93,7 @@ def main(argv: list[str] | None = None) -> int:
         "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
         "default": ({}, STEP),
         "always_off": ({"traces_sampler": "always_off"}, 0),
+        "python": ({"native": "off"}, STEP),  # the c10d wrapper's Python body for every call
     }
     plain: dict[str, list[float]] = {v: [] for v in variants}
     hot: dict[str, list[float]] = {v: [] for v in variants}
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         "always_on": "100% traced",
         "default": f"default sampling, a step every {STEP} calls",
         "always_off": "metrics only (sampler always_off)",
+        "python": "default sampling, without the native part (native=off)",
     }
     whole = {}
     for variant, label in labels.items():
@@ -142,11 +147,13 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'  plain dist.all_reduce':<52} {stats(plain[variant])}")
         print(f"{'  instrumented, training thread':<52} {stats(hot[variant])}")
         print(f"{'  added on the training thread':<52} {stats(added)}")
+        # paired within rounds: this machine's speed drifts between rounds more than the added cost does
+        print(f"{'  added, in plain calls of the same round':<52} {stats([a / p for a, p in zip(added, plain[variant])])}")
         print(f"{'  deferred: metrics, spans, OTLP/JSON file':<52} {stats(deferred[variant])}")
         whole[label] = statistics.median(added) + statistics.median(deferred[variant])
     print("whole CPU cost per collective (median added + median deferred):")
     for label, value in whole.items():
-        print(f"  {label:<50} {value:8.2f}")
+        print(f"  {label:<56} {value:8.2f}")
     return 0
 
 

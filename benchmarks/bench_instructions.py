@@ -30,8 +30,9 @@ calls); their difference divided by the difference in length is the cost per ste
   timers, and what they did during the steps ("timers") is taken out of all threads.
 * The hot path (fake backend, 1024-element ``all_reduce``): per configuration, plain calls, the training
   thread's instrumented calls and the flush that drains and exports them (the deferred cost), per
-  collective and in units of one plain call; the same for a functional collective (``funcol.all_reduce``
-  and its wait, what DTensor and tensor parallel issue) with the default settings.
+  collective and in units of one plain call (the default settings also without the native part, whose C++
+  takes the c10d wrapper's common case); the same for a functional collective (``funcol.all_reduce`` and its
+  wait, what DTensor and tensor parallel issue) with the default settings.
 
 Counts include the interpreter's garbage collections wherever they fall, so they move a little between
 runs. Instructions are not time: a cache miss or a thread hand-off (each DDP bucket's completion runs
@@ -300,6 +301,7 @@ def _hot_child(args: argparse.Namespace) -> None:
         "always_on": ({"traces_sampler": "always_on", "max_spans_per_step": 0}, 0),
         "default": ({}, STEP),
         "always_off": ({"traces_sampler": "always_off"}, 0),
+        "python": ({"native": "off"}, STEP),  # the c10d wrapper's Python body for every call
     }
     for variant, (extra, step_every) in variants.items():
         count(variant, lambda n, every=step_every: loop(n, every), extra)
@@ -488,6 +490,7 @@ def _report_hot(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         "always_on": "100% traced",
         "default": f"default sampling, a step every {STEP} calls",
         "always_off": "metrics only (sampler always_off)",
+        "python": "default sampling, without the native part (native=off)",
     }
     for variant, label in labels.items():
         plain = on_thread[(f"{variant} plain", "steps")]

@@ -89,11 +89,11 @@ def _layout(spec: Any, binder: Any) -> tuple[tuple[int, ...], tuple[bool, ...]]:
 
 def deactivate() -> None:
     """uninstrument(): every wrapper back to its Python body, and the table emptied (the next instrument()'s
-    wrappers register anew)."""
+    wrappers register anew). ``c10d._hot_call`` stays: a thread that read its wrapper's op just before
+    still calls it (the module stays loaded for the process anyway)."""
     for cell, *_ in c10d.HOT:
         cell[0] = None
     c10d.HOT.clear()
-    c10d._hot_call = None
 
 
 __all__ = ["activate", "deactivate"]
