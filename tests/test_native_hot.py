@@ -212,3 +212,12 @@ def test_the_call_in_flight_is_where_the_watchdog_looks_and_its_exception_is_the
         mod.hot_call(op, (x,), {})
     assert raised.value is failure and not R.BLOCKING and R.TLS.outer is None
     assert R.QUEUE[-1][R.ERROR] == ("ValueError", "from the collective")
+
+
+def test_queued_records_are_untracked_by_the_collector_at_once(hot):
+    """The collector would untrack a record (a tuple of atoms) on its first look; the native path does it
+    when it queues the record, so young-generation collections never walk queued records."""
+    import gc
+
+    rec, in_python, _ = _call(dist.all_reduce, torch.ones(3, 2))
+    assert not in_python and not gc.is_tracked(rec) and not gc.is_tracked(rec[R.SHAPES])
