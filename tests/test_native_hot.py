@@ -13,6 +13,7 @@ import torch
 import torch.distributed as dist
 
 import otel_torchdist
+from otel_torchdist import names as n
 from otel_torchdist.capture import c10d
 from otel_torchdist.capture import record as R
 
@@ -221,3 +222,32 @@ def test_queued_records_are_untracked_by_the_collector_at_once(hot):
 
     rec, in_python, _ = _call(dist.all_reduce, torch.ones(3, 2))
     assert not in_python and not gc.is_tracked(rec) and not gc.is_tracked(rec[R.SHAPES])
+
+
+def test_threads_calling_at_once_each_get_their_records(hot):
+    """Each thread's call is its own (TLS.outer and BLOCKING per thread): no record lost, none left in
+    flight, every record complete."""
+    import threading
+
+    calls, threads = 300, 4
+    queued = len(R.QUEUE)
+    errors = []
+
+    def work():
+        try:
+            for _ in range(calls):
+                dist.all_reduce(torch.ones(5))
+            assert R.TLS.outer is None
+        except BaseException as exc:  # surfaced below: an assertion in a thread would be lost
+            errors.append(exc)
+
+    pool = [threading.Thread(target=work) for _ in range(threads)]
+    for t in pool:
+        t.start()
+    for t in pool:
+        t.join()
+    assert not errors and not R.BLOCKING
+    recs = list(R.QUEUE)[queued:]
+    assert len(recs) == calls * threads
+    assert all(r[R.NUMEL] == 5 and r[R.T_END] >= r[R.T_START] > 0 and r[R.END] == n.END_RETURN for r in recs)
+    assert len({r[R.SEQ] for r in recs}) == calls * threads  # one sequence number each
