@@ -94,6 +94,9 @@ CALLS = [
     ("all_gather_into_tensor", lambda: dist.all_gather_into_tensor(torch.empty(16), torch.ones(4))),
     ("reduce_scatter_tensor", lambda: dist.reduce_scatter_tensor(torch.empty(2), torch.ones(8))),
     ("all_to_all_single", lambda: dist.all_to_all_single(torch.empty(8), torch.ones(8))),
+    ("gather", lambda: dist.gather(torch.ones(3), [torch.empty(3) for _ in range(4)], dst=0)),  # S: n times it
+    ("scatter", lambda: dist.scatter(torch.empty(3), [torch.ones(3)] * 4, src=0)),
+    ("send", lambda: dist.send(torch.ones(2), dst=1)),  # a peer
 ]
 
 
@@ -251,3 +254,47 @@ def test_threads_calling_at_once_each_get_their_records(hot):
     assert len(recs) == calls * threads
     assert all(r[R.NUMEL] == 5 and r[R.T_END] >= r[R.T_START] > 0 and r[R.END] == n.END_RETURN for r in recs)
     assert len({r[R.SEQ] for r in recs}) == calls * threads  # one sequence number each
+
+
+def test_what_the_python_body_would_not_catch_propagates_before_the_call(hot):
+    """A KeyboardInterrupt while the call is described propagates, as from the Python body (which catches
+    Exception only): the collective is not called, nothing is recorded, the thread's state is clean."""
+
+    class Interrupting:
+        def __bool__(self):
+            raise KeyboardInterrupt
+
+    for native in (True, False):
+        cells = _cells("all_reduce")
+        saved = [cell[0] for cell in cells]
+        if not native:
+            for cell in cells:
+                cell[0] = None
+        queued = len(R.QUEUE)
+        try:
+            with pytest.raises(KeyboardInterrupt):
+                dist.all_reduce(torch.ones(2), async_op=Interrupting())
+        finally:
+            for cell, op in zip(cells, saved):
+                cell[0] = op
+        assert len(R.QUEUE) == queued and R.TLS.outer is None and not R.BLOCKING
+
+
+def test_a_failing_context_getter_hands_the_call_to_python(hot, monkeypatch):
+    """OpenTelemetry with a runtime context of its own: the native path calls its getter; when that fails,
+    the Python body takes the call (which reads the context its own way) and the result passes through."""
+    from otel_torchdist.capture import ddp_native, native_hot
+
+    def failing():
+        raise RuntimeError("no context here")
+
+    monkeypatch.setattr(native_hot, "_context_source", lambda: failing)
+    native_hot.activate(ddp_native.module())
+    try:
+        rec, in_python, result = _call(dist.all_reduce, torch.ones(4))
+        assert result is None and in_python and rec[R.NUMEL] == 4 and R.TLS.outer is None
+    finally:
+        monkeypatch.undo()
+        native_hot.activate(ddp_native.module())
+    _, in_python, _ = _call(dist.all_reduce, torch.ones(4))
+    assert not in_python

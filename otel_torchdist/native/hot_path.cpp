@@ -74,6 +74,7 @@ struct HotOp {
 };
 
 constexpr Py_ssize_t kMaxParams = 16;
+constexpr const char* kCapsule = "otel_torchdist.hot_op";
 
 struct Ref {  // an owned reference
   PyObject* p;
@@ -105,8 +106,9 @@ PyObject* parent_span() {
     if (PyContextVar_Get(G.context, nullptr, &ctx) < 0) return nullptr;
   } else {
     ctx = PyObject_CallNoArgs(G.context);
+    if (ctx == nullptr) return nullptr;
   }
-  if (ctx == nullptr) Py_RETURN_NONE;  // no value and no default
+  if (ctx == nullptr) Py_RETURN_NONE;  // the variable has no value and no default
   Ref owned(ctx);
   if (PyDict_Check(ctx)) {
     PyObject* span = PyDict_GetItemWithError(ctx, G.span_key);
@@ -138,12 +140,26 @@ struct Raised {
   }
 };
 
-// A telemetry failure after the collective returned: reported through Python (health.error), swallowed.
-void report_failure(HotOp* h) {
+// A telemetry failure after the collective returned: reported through Python (health.error) and swallowed,
+// as the Python body catches Exception. False, the error left set, for what it would not catch either
+// (KeyboardInterrupt, SystemExit).
+bool report_failure(HotOp* h) {
+  if (!PyErr_ExceptionMatches(PyExc_Exception)) return false;
   Raised exc;
   PyObject* r = PyObject_CallFunctionObjArgs(G.report, h->op, exc.value ? exc.value : Py_None, nullptr);
   if (r == nullptr) PyErr_Clear();
   Py_XDECREF(r);
+  return true;
+}
+
+// A failure before the call: the Python body takes the call from the start (and reports what fails),
+// unless it is no Exception (KeyboardInterrupt...), which the Python body would not catch either.
+PyObject* fall_back(HotOp* h, PyObject* args, PyObject* given) {
+  if (PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+    PyErr_Clear();
+  }
+  return slow_path(h, args, given);
 }
 
 // After the original returned `result`: the sequence number, the end, the queue (record.py's push), or
@@ -182,9 +198,10 @@ int finish(HotOp* h, PyObject* rec, PyObject* gi, bool is_async, int64_t t_end, 
     Ref frozen(PyList_AsTuple(rec));
     if (frozen.p == nullptr) return -1;
     // Untracked at once, as the collector would on its first look at a tuple of atoms: queued records then
-    // cost the young-generation collections nothing (that first look was a fifth of this path's work). A
-    // record references no container that could reference it back, so it can be in no cycle.
-    PyObject_GC_UnTrack(frozen.p);
+    // cost the young-generation collections nothing (that first look was a fifth of this path's work).
+    // Only without the caller's span: the other fields are atoms and tuples of atoms, which cannot
+    // reference the record back, so it can be in no cycle the collector would have to find.
+    if (PyList_GET_ITEM(rec, kParent) == Py_None) PyObject_GC_UnTrack(frozen.p);
     Ref r(PyObject_CallOneArg(G.queue_append, frozen.p));
     return r.p == nullptr ? -1 : 0;
   }
@@ -219,7 +236,7 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out
   }
   PyObject* x = v[h->ip];
   if (Py_TYPE(x) != reinterpret_cast<PyTypeObject*>(G.tensor_type)) return nullptr;  // a subclass, a list...
-  if (h->queued && PyDict_Check(G.coalesce) && PyDict_GET_SIZE(G.coalesce) > 0) return nullptr;
+  if (h->queued && (!PyDict_Check(G.coalesce) || PyDict_GET_SIZE(G.coalesce) > 0)) return nullptr;
   PyObject* group = h->ig >= 0 ? v[h->ig] : Py_None;
   Ref default_pg;
   if (group == Py_None) {
@@ -227,8 +244,10 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out
     if (default_pg.p == nullptr) return nullptr;
     group = default_pg.p;
   }
-  PyObject* gi = PyDict_GetItemWithError(G.groups, group);  // borrowed
-  if (gi == nullptr) return nullptr;
+  PyObject* found = PyDict_GetItemWithError(G.groups, group);
+  if (found == nullptr) return nullptr;
+  Ref gi_ref(Py_NewRef(found));  // Python code may run below (another thread may forget the group)
+  PyObject* gi = gi_ref.p;
   const at::Tensor& t = THPVariable_Unpack(x);
   if (t.layout() != at::kStrided || t.is_nested()) return nullptr;
   int64_t ndim = t.dim();
@@ -278,38 +297,36 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out
   Ref one(PyLong_FromLong(1));
   if (!nbytes_obj.p || !numel_obj.p || !zero.p || !one.p) return nullptr;
   bool bwd = torch::autograd::get_current_graph_task_id() != -1;
+  PyObject* dtype = reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type()));  // before the list: may throw
   PyObject* rec = PyList_New(kFields);
   if (rec == nullptr) return nullptr;
   PyObject* none = Py_None;
   PyObject* items[kFields] = {
       h->op, h->kind, G.source, gid.p, none, zero.p, zero.p, nbytes_obj.p,
-      reinterpret_cast<PyObject*>(torch::getTHPDtype(t.scalar_type())), shapes.p, numel_obj.p, one.p,
+      dtype, shapes.p, numel_obj.p, one.p,
       is_async ? Py_True : Py_False, root.p ? root.p : none, peer.p ? peer.p : none,
       h->ir >= 0 ? v[h->ir] : none, none, none, parent.p, none, none, Py_False, ctx.p, bwd ? Py_True : Py_False,
       PyList_GET_ITEM(G.step, 0)};
   for (Py_ssize_t i = 0; i < kFields; ++i) PyList_SET_ITEM(rec, i, Py_NewRef(items[i]));
-  *gi_out = Py_NewRef(gi);
+  *gi_out = gi_ref.release();
   *async_out = is_async;
   return rec;
 }
 
 // call(op, args, kwargs): the collective's own result, or its own exception, unchanged.
 PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
-  if (argc != 3 || !PyTuple_Check(argv[1])) {
-    PyErr_SetString(PyExc_TypeError, "call(op, args, kwargs)");
+  if (argc != 3 || !PyTuple_Check(argv[1]) || !PyDict_Check(argv[2])) {
+    PyErr_SetString(PyExc_TypeError, "call(op, args: tuple, kwargs: dict)");
     return nullptr;
   }
-  auto* h = static_cast<HotOp*>(PyCapsule_GetPointer(argv[0], nullptr));
+  auto* h = static_cast<HotOp*>(PyCapsule_GetPointer(argv[0], kCapsule));
   if (h == nullptr) return nullptr;
   PyObject* args = argv[1];
   PyObject* given = argv[2];  // the wrapper's kwargs dict, handed as it is to the Python body
-  PyObject* kwargs = PyDict_Check(given) && PyDict_GET_SIZE(given) > 0 ? given : nullptr;
+  PyObject* kwargs = PyDict_GET_SIZE(given) > 0 ? given : nullptr;
   {
     PyObject* outer = PyObject_GetAttr(G.tls, G.s_outer);
-    if (outer == nullptr) {
-      PyErr_Clear();
-      return slow_path(h, args, given);
-    }
+    if (outer == nullptr) return fall_back(h, args, given);
     bool nested = outer != Py_None;
     Py_DECREF(outer);
     if (nested) return slow_path(h, args, given);
@@ -322,24 +339,18 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   } catch (...) {  // a c10::Error from the tensor (symbolic sizes...): the Python body takes it
     rec_raw = nullptr;
   }
-  if (rec_raw == nullptr) {
-    PyErr_Clear();  // the Python body describes it again and reports what fails
-    return slow_path(h, args, given);
-  }
+  if (rec_raw == nullptr) return fall_back(h, args, given);  // it describes the call again
   Ref rec(rec_raw), gi(gi_raw);
   // The hang watchdog finds the Python body's record in its frame; this one, in BLOCKING by thread.
   Ref thread(PyLong_FromUnsignedLong(PyThread_get_thread_ident()));
-  if (thread.p == nullptr || PyObject_SetAttr(G.tls, G.s_outer, rec.p) < 0) {
-    PyErr_Clear();
-    return slow_path(h, args, given);
-  }
+  if (thread.p == nullptr || PyObject_SetAttr(G.tls, G.s_outer, rec.p) < 0) return fall_back(h, args, given);
   PyObject* start = PyLong_FromLongLong(now_ns());
   if (start == nullptr || PyDict_SetItem(G.blocking, thread.p, rec.p) < 0) {
     Py_XDECREF(start);
-    PyErr_Clear();
-    PyObject_SetAttr(G.tls, G.s_outer, Py_None);
-    PyErr_Clear();
-    return slow_path(h, args, given);
+    Raised failure;  // kept across the reset below
+    if (PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0) PyErr_Clear();
+    failure.restore();
+    return fall_back(h, args, given);
   }
   replace(rec.p, kTStart, start);
   PyObject* result = PyObject_Call(h->orig, args, kwargs);
@@ -354,9 +365,20 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     exc.restore();
     return nullptr;
   }
-  if (PyDict_DelItem(G.blocking, thread.p) < 0 || PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0 ||
-      finish(h, rec.p, gi.p, is_async, t_end, result) < 0) {
+  // The thread's state is put back whatever fails; then the record.
+  bool reset = PyDict_DelItem(G.blocking, thread.p) == 0;
+  if (!reset) PyErr_Clear();
+  if (PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0) {
+    PyErr_Clear();
+    reset = false;
+  }
+  if (!reset) {
+    PyErr_SetString(PyExc_RuntimeError, "could not reset the thread's capture state");
     report_failure(h);
+  }
+  if (finish(h, rec.p, gi.p, is_async, t_end, result) < 0 && !report_failure(h)) {
+    Py_DECREF(result);  // as the Python body: what it does not catch propagates
+    return nullptr;
   }
   return result;
 }
@@ -379,42 +401,55 @@ PyObject* setup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   struct {
     PyObject** slot;
     const char* key;
-  } table[] = {{&G.tls, "tls"},         {&G.blocking, "blocking"},       {&G.queue, "queue"},       {&G.limit, "limit"},   {&G.dropped, "dropped"},
-               {&G.step, "step"},       {&G.context, "context"},   {&G.span_key, "span_key"},
-               {&G.groups, "groups"},   {&G.world, "world"},       {&G.coalesce, "coalesce"},
+  } table[] = {{&G.tls, "tls"}, {&G.blocking, "blocking"}, {&G.queue, "queue"}, {&G.limit, "limit"},
+               {&G.dropped, "dropped"}, {&G.step, "step"}, {&G.context, "context"}, {&G.span_key, "span_key"},
+               {&G.groups, "groups"}, {&G.world, "world"}, {&G.coalesce, "coalesce"},
                {&G.tensor_type, "tensor_type"}, {&G.source, "source"}, {&G.future, "future"},
                {&G.end_return, "end_return"}, {&G.finish, "finish"}, {&G.fail, "fail"}, {&G.report, "report"}};
-  for (auto& entry : table) {
-    PyObject* value = get(d, entry.key);
-    if (value == nullptr) return nullptr;
-    Py_XSETREF(*entry.slot, value);
+  constexpr size_t n = sizeof(table) / sizeof(table[0]);
+  // Everything read and checked first, then swapped in: a thread inside call() never sees half a setup.
+  Ref values[n];
+  for (size_t i = 0; i < n; ++i) {
+    values[i].p = get(d, table[i].key);
+    if (values[i].p == nullptr) return nullptr;
   }
-  if (!PyDict_Check(G.blocking) || !PyDict_Check(G.groups) || !PyList_Check(G.step) || !PyList_Check(G.limit) ||
-      !PyList_Check(G.dropped) || PyList_GET_SIZE(G.step) < 1 || PyList_GET_SIZE(G.limit) < 1 ||
-      PyList_GET_SIZE(G.dropped) < 1) {
-    PyErr_SetString(PyExc_TypeError, "setup(): blocking and groups must be dicts, step, limit and dropped lists");
+  auto value = [&](PyObject** slot) -> PyObject* {
+    for (size_t i = 0; i < n; ++i)
+      if (table[i].slot == slot) return values[i].p;
+    return nullptr;
+  };
+  PyObject *blocking = value(&G.blocking), *groups = value(&G.groups), *step = value(&G.step),
+           *limit = value(&G.limit), *dropped = value(&G.dropped), *tensor_type = value(&G.tensor_type);
+  if (!PyDict_Check(blocking) || !PyDict_Check(groups) || !PyList_Check(step) || !PyList_Check(limit) ||
+      !PyList_Check(dropped) || PyList_GET_SIZE(step) < 1 || PyList_GET_SIZE(limit) < 1 ||
+      PyList_GET_SIZE(dropped) < 1 || !PyType_Check(tensor_type)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "setup(): blocking and groups must be dicts, step, limit and dropped one-item lists, "
+                    "tensor_type a type");
     return nullptr;
   }
-  Py_XSETREF(G.queue_append, PyObject_GetAttrString(G.queue, "append"));
-  if (G.queue_append == nullptr) return nullptr;
+  Ref append(PyObject_GetAttrString(value(&G.queue), "append"));
+  if (append.p == nullptr) return nullptr;
   if (!G.ready) {
-    G.s_outer = PyUnicode_InternFromString("outer");
-    G.s_ctx = PyUnicode_InternFromString("ctx");
-    G.s_default_pg = PyUnicode_InternFromString("_default_pg");
-    G.s_gid = PyUnicode_InternFromString("gid");
-    G.s_size = PyUnicode_InternFromString("size");
-    G.s_completion = PyUnicode_InternFromString("completion");
-    G.s_seq_supported = PyUnicode_InternFromString("seq_supported");
-    G.s_pg = PyUnicode_InternFromString("pg");
-    G.s_seqno = PyUnicode_InternFromString("_get_sequence_number_for_group");
-    G.s_own_seq = PyUnicode_InternFromString("own_seq");
+    struct {
+      PyObject** slot;
+      const char* name;
+    } names[] = {{&G.s_outer, "outer"}, {&G.s_ctx, "ctx"}, {&G.s_default_pg, "_default_pg"}, {&G.s_gid, "gid"},
+                 {&G.s_size, "size"}, {&G.s_completion, "completion"}, {&G.s_seq_supported, "seq_supported"},
+                 {&G.s_pg, "pg"}, {&G.s_seqno, "_get_sequence_number_for_group"}, {&G.s_own_seq, "own_seq"}};
+    for (auto& entry : names) {
+      if (*entry.slot == nullptr) *entry.slot = PyUnicode_InternFromString(entry.name);
+      if (*entry.slot == nullptr) return nullptr;
+    }
     G.ready = true;
   }
+  for (size_t i = 0; i < n; ++i) Py_XSETREF(*table[i].slot, values[i].release());
+  Py_XSETREF(G.queue_append, append.release());
   Py_RETURN_NONE;
 }
 
 void free_op(PyObject* capsule) {
-  auto* h = static_cast<HotOp*>(PyCapsule_GetPointer(capsule, nullptr));
+  auto* h = static_cast<HotOp*>(PyCapsule_GetPointer(capsule, kCapsule));
   if (h == nullptr) {
     PyErr_Clear();
     return;
@@ -465,7 +500,7 @@ PyObject* make_op(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
                       Py_NewRef(argv[4]), Py_NewRef(argv[5]), PyTuple_GET_SIZE(argv[2]),
                       pos[0], pos[1], pos[2], pos[3], pos[4], pos[5], pos[6], pos[7],
                       flags[0], flags[1], flags[2], flags[3]};
-  PyObject* capsule = PyCapsule_New(h, nullptr, free_op);
+  PyObject* capsule = PyCapsule_New(h, kCapsule, free_op);
   if (capsule == nullptr) {
     for (PyObject* o : {h->orig, h->slow, h->names, h->defaults, h->op, h->kind}) Py_DECREF(o);
     delete h;
