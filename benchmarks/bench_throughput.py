@@ -7,8 +7,9 @@ second for ``--seconds``, a training step marked every 200 collectives, exportin
 lines) with the background threads at their default intervals. Two runs: default step sampling, and every
 span traced (``traces_sampler=always_on``, no per-step span cap), the case where spans outrun the exporter.
 For each it prints the rate reached, whether the exported call count equals the calls made (metrics must
-be exact), spans exported and spans counted as dropped (together they must equal the spans traced: never
-queued without bound, never lost uncounted), and resident memory at start, middle and end.
+be exact), spans in the run folder, spans counted as dropped and spans the run folder's file rotation
+deleted (``file_max_bytes``; together they must equal the spans traced: never queued without bound,
+never lost uncounted), and resident memory at start, middle and end.
 
 ``--million``: then 1 000 000 collectives unpaced under default sampling, resident memory every 100 000.
 """
@@ -64,6 +65,7 @@ def _calls(folder: str) -> int:
 def paced(rate: int, seconds: float, options: dict, label: str) -> dict:
     import otel_torchdist
     from otel_torchdist import health
+    from otel_torchdist import names as n
 
     health.reset()
     proc = psutil.Process()
@@ -101,6 +103,8 @@ def paced(rate: int, seconds: float, options: dict, label: str) -> dict:
         "spans": _count_spans(run)[0],
         "all_spans": _count_spans(run)[1],
         "dropped_spans": drops.get("span", 0),
+        # the run folder's traces file past file_max_bytes: rotated, and the copy it replaces counted here
+        "rotated_spans": drops.get(n.DROPPED_FILE_ROTATED, 0),
         "dropped_records": drops.get("record", 0),
         "rss_mb": [r / 2**20 for r in rss],
     }
@@ -140,18 +144,27 @@ def main(argv: list[str] | None = None) -> int:
     ]
     print(f"# fake backend, 1024-element all_reduce at {args.rate}/s for {args.seconds:.0f} s, a step every {STEP}")
     print(f"# {platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}")
-    print(f"{'run':<20} {'rate/s':>8} {'calls':>9} {'exported':>9} {'spans':>8} {'dropped':>8} {'rec.drop':>8}  rss MB start/mid/end")
+    print(
+        f"{'run':<20} {'rate/s':>8} {'calls':>9} {'exported':>9} {'spans':>8} {'dropped':>8} {'rotated':>8} "
+        f"{'rec.drop':>8}  rss MB start/mid/end"
+    )
     for r in runs:
         rss = "/".join(f"{x:.0f}" for x in r["rss_mb"])
         print(
             f"{r['label']:<20} {r['rate']:8.0f} {r['issued']:9d} {r['exported_calls']:9d} {r['spans']:8d} "
-            f"{r['dropped_spans']:8d} {r['dropped_records']:8d}  {rss}"
+            f"{r['dropped_spans']:8d} {r['rotated_spans']:8d} {r['dropped_records']:8d}  {rss}"
         )
     traced = runs[1]
+    # Steps: one marked every STEP calls, and the one open at uninstrument(); each a train.step and a
+    # train.rank_step span (one rank).
+    steps = traced["issued"] // STEP + 1
+    made = traced["issued"] + 2 * steps
+    accounted = traced["all_spans"] + traced["dropped_spans"] + traced["rotated_spans"]
     print(
-        f"every span traced: {traced['issued']} collective spans and {traced['issued'] // STEP} steps' spans made; "
-        f"{traced['all_spans']} spans exported ({traced['spans']} of them collectives), {traced['dropped_spans']} "
-        "counted as dropped"
+        f"every span traced: {traced['issued']} collective spans and {steps} steps' {2 * steps} spans made; "
+        f"{traced['all_spans']} spans in the run folder ({traced['spans']} of them collectives), "
+        f"{traced['dropped_spans']} counted as dropped, {traced['rotated_spans']} counted as rotated away "
+        f"(file_max_bytes); {made - accounted} unaccounted for"
     )
     if args.million:
         points = million(common)
