@@ -54,7 +54,7 @@ struct Globals {
   PyObject* fail = nullptr;  // c10d._fail(rec, exc)
   PyObject* report = nullptr;  // c10d._finish_failed(name, exc): a telemetry failure after the call
   // attribute names, interned once
-  PyObject *s_outer, *s_ctx, *s_default_pg, *s_gid, *s_size, *s_completion, *s_seq_supported, *s_pg, *s_seqno, *s_own_seq;
+  PyObject *s_dict, *s_outer, *s_ctx, *s_default_pg, *s_gid, *s_size, *s_completion, *s_seq_supported, *s_pg, *s_seqno, *s_own_seq;
   bool ready = false;
 };
 
@@ -214,7 +214,7 @@ int finish(HotOp* h, PyObject* rec, PyObject* gi, bool is_async, int64_t t_end, 
 
 // The record of a call the fast path takes, or nullptr: with an error set on a failure, without one when
 // the call is not the common case (the Python body then takes it from the start). `gi_out`: its GroupInfo.
-PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out, bool* async_out) {
+PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject* local, PyObject** gi_out, bool* async_out) {
   Py_ssize_t nargs = PyTuple_GET_SIZE(args);
   if (nargs > h->count) return nullptr;
   PyObject* v[kMaxParams];
@@ -291,8 +291,11 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out
   if (gid.p == nullptr) return nullptr;
   Ref parent(parent_span());
   if (parent.p == nullptr) return nullptr;
-  Ref ctx(PyObject_GetAttr(G.tls, G.s_ctx));
-  if (ctx.p == nullptr) return nullptr;
+  PyObject* ctx = PyDict_GetItemWithError(local, G.s_ctx);  // TLS.ctx; unset: the class's None
+  if (ctx == nullptr) {
+    if (PyErr_Occurred()) return nullptr;
+    ctx = Py_None;
+  }
   Ref nbytes_obj(PyLong_FromLongLong(nbytes)), numel_obj(PyLong_FromLongLong(numel)), zero(PyLong_FromLong(0));
   Ref one(PyLong_FromLong(1));
   if (!nbytes_obj.p || !numel_obj.p || !zero.p || !one.p) return nullptr;
@@ -305,7 +308,7 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject** gi_out
       h->op, h->kind, G.source, gid.p, none, zero.p, zero.p, nbytes_obj.p,
       dtype, shapes.p, numel_obj.p, one.p,
       is_async ? Py_True : Py_False, root.p ? root.p : none, peer.p ? peer.p : none,
-      h->ir >= 0 ? v[h->ir] : none, none, none, parent.p, none, none, Py_False, ctx.p, bwd ? Py_True : Py_False,
+      h->ir >= 0 ? v[h->ir] : none, none, none, parent.p, none, none, Py_False, ctx, bwd ? Py_True : Py_False,
       PyList_GET_ITEM(G.step, 0)};
   for (Py_ssize_t i = 0; i < kFields; ++i) PyList_SET_ITEM(rec, i, Py_NewRef(items[i]));
   *gi_out = gi_ref.release();
@@ -324,18 +327,21 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   PyObject* args = argv[1];
   PyObject* given = argv[2];  // the wrapper's kwargs dict, handed as it is to the Python body
   PyObject* kwargs = PyDict_GET_SIZE(given) > 0 ? given : nullptr;
+  // TLS's attributes on this thread: threading.local's per-thread dict, read and written directly (what its
+  // getattr and setattr do for these plain attributes, after a lookup of that dict each time).
+  Ref local(PyObject_GetAttr(G.tls, G.s_dict));
+  if (local.p == nullptr) return fall_back(h, args, given);
+  if (!PyDict_Check(local.p)) return slow_path(h, args, given);
   {
-    PyObject* outer = PyObject_GetAttr(G.tls, G.s_outer);
-    if (outer == nullptr) return fall_back(h, args, given);
-    bool nested = outer != Py_None;
-    Py_DECREF(outer);
-    if (nested) return slow_path(h, args, given);
+    PyObject* outer = PyDict_GetItemWithError(local.p, G.s_outer);  // unset: the class's None
+    if (outer == nullptr && PyErr_Occurred()) return fall_back(h, args, given);
+    if (outer != nullptr && outer != Py_None) return slow_path(h, args, given);  // nested
   }
   PyObject* gi_raw = nullptr;
   bool is_async = false;
   PyObject* rec_raw = nullptr;
   try {
-    rec_raw = describe(h, args, kwargs, &gi_raw, &is_async);
+    rec_raw = describe(h, args, kwargs, local.p, &gi_raw, &is_async);
   } catch (...) {  // a c10::Error from the tensor (symbolic sizes...): the Python body takes it
     rec_raw = nullptr;
   }
@@ -343,12 +349,12 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   Ref rec(rec_raw), gi(gi_raw);
   // The hang watchdog finds the Python body's record in its frame; this one, in BLOCKING by thread.
   Ref thread(PyLong_FromUnsignedLong(PyThread_get_thread_ident()));
-  if (thread.p == nullptr || PyObject_SetAttr(G.tls, G.s_outer, rec.p) < 0) return fall_back(h, args, given);
+  if (thread.p == nullptr || PyDict_SetItem(local.p, G.s_outer, rec.p) < 0) return fall_back(h, args, given);
   PyObject* start = PyLong_FromLongLong(now_ns());
   if (start == nullptr || PyDict_SetItem(G.blocking, thread.p, rec.p) < 0) {
     Py_XDECREF(start);
     Raised failure;  // kept across the reset below
-    if (PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0) PyErr_Clear();
+    if (PyDict_SetItem(local.p, G.s_outer, Py_None) < 0) PyErr_Clear();
     failure.restore();
     return fall_back(h, args, given);
   }
@@ -358,7 +364,7 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (result == nullptr) {
     Raised exc;
     if (PyDict_DelItem(G.blocking, thread.p) < 0) PyErr_Clear();
-    if (PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0) PyErr_Clear();
+    if (PyDict_SetItem(local.p, G.s_outer, Py_None) < 0) PyErr_Clear();
     PyObject* r = PyObject_CallFunctionObjArgs(G.fail, rec.p, exc.value ? exc.value : Py_None, nullptr);
     if (r == nullptr) PyErr_Clear();
     Py_XDECREF(r);
@@ -368,7 +374,7 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   // The thread's state is put back whatever fails; then the record.
   bool reset = PyDict_DelItem(G.blocking, thread.p) == 0;
   if (!reset) PyErr_Clear();
-  if (PyObject_SetAttr(G.tls, G.s_outer, Py_None) < 0) {
+  if (PyDict_SetItem(local.p, G.s_outer, Py_None) < 0) {
     PyErr_Clear();
     reset = false;
   }
@@ -434,7 +440,7 @@ PyObject* setup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     struct {
       PyObject** slot;
       const char* name;
-    } names[] = {{&G.s_outer, "outer"}, {&G.s_ctx, "ctx"}, {&G.s_default_pg, "_default_pg"}, {&G.s_gid, "gid"},
+    } names[] = {{&G.s_dict, "__dict__"}, {&G.s_outer, "outer"}, {&G.s_ctx, "ctx"}, {&G.s_default_pg, "_default_pg"}, {&G.s_gid, "gid"},
                  {&G.s_size, "size"}, {&G.s_completion, "completion"}, {&G.s_seq_supported, "seq_supported"},
                  {&G.s_pg, "pg"}, {&G.s_seqno, "_get_sequence_number_for_group"}, {&G.s_own_seq, "own_seq"}};
     for (auto& entry : names) {
