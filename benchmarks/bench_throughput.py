@@ -95,13 +95,14 @@ def paced(rate: int, seconds: float, options: dict, label: str) -> dict:
     otel_torchdist.uninstrument()
     drops = health.drops()
     run = os.path.join(folder, "t")
+    collective_spans, all_spans = _count_spans(run)
     return {
         "label": label,
         "rate": issued / elapsed,
         "issued": issued,
         "exported_calls": _calls(run),
-        "spans": _count_spans(run)[0],
-        "all_spans": _count_spans(run)[1],
+        "spans": collective_spans,
+        "all_spans": all_spans,
         "dropped_spans": drops.get("span", 0),
         # the run folder's traces file past file_max_bytes: rotated, and the copy it replaces counted here
         "rotated_spans": drops.get(n.DROPPED_FILE_ROTATED, 0),

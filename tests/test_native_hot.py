@@ -5,6 +5,7 @@ wherever the native part is built (.ci/install builds it)."""
 
 from __future__ import annotations
 
+import contextlib
 import re
 import sys
 
@@ -29,9 +30,19 @@ def hot(fake_pg, instrumented, native_built):
     yield fake_pg
 
 
-def _cells(name: str) -> list[list]:
-    """The op cells of the wrappers of ``name`` (torch.distributed's and distributed_c10d's)."""
-    return [cell for cell, spec, *_ in c10d.HOT if spec.name == name]
+@contextlib.contextmanager
+def _in_python(name: str):
+    """Calls of ``name`` through the Python body meanwhile: its wrappers' op cells (torch.distributed's and
+    distributed_c10d's) emptied, then put back."""
+    cells = [cell for cell, spec, *_ in c10d.HOT if spec.name == name]
+    saved = [cell[0] for cell in cells]
+    for cell in cells:
+        cell[0] = None
+    try:
+        yield
+    finally:
+        for cell, op in zip(cells, saved):
+            cell[0] = op
 
 
 def _call(fn, *args, **kwargs) -> tuple[tuple, bool, object]:
@@ -58,15 +69,8 @@ def _both(name: str, fn, *args, **kwargs) -> tuple[tuple, tuple]:
     """The record of the call through the native fast path, then of the same call through the Python body."""
     native, in_python, _ = _call(fn, *args, **kwargs)
     assert not in_python, f"{name}: the native fast path handed the call to Python"
-    cells = _cells(name)
-    saved = [cell[0] for cell in cells]
-    for cell in cells:
-        cell[0] = None
-    try:
+    with _in_python(name):
         python, in_python, _ = _call(fn, *args, **kwargs)
-    finally:
-        for cell, op in zip(cells, saved):
-            cell[0] = op
     assert in_python
     return native, python
 
@@ -264,19 +268,10 @@ def test_what_the_python_body_would_not_catch_propagates_before_the_call(hot):
         def __bool__(self):
             raise KeyboardInterrupt
 
-    for native in (True, False):
-        cells = _cells("all_reduce")
-        saved = [cell[0] for cell in cells]
-        if not native:
-            for cell in cells:
-                cell[0] = None
+    for path in (contextlib.nullcontext(), _in_python("all_reduce")):
         queued = len(R.QUEUE)
-        try:
-            with pytest.raises(KeyboardInterrupt):
-                dist.all_reduce(torch.ones(2), async_op=Interrupting())
-        finally:
-            for cell, op in zip(cells, saved):
-                cell[0] = op
+        with path, pytest.raises(KeyboardInterrupt):
+            dist.all_reduce(torch.ones(2), async_op=Interrupting())
         assert len(R.QUEUE) == queued and R.TLS.outer is None and not R.BLOCKING
 
 

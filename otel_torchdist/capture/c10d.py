@@ -21,6 +21,7 @@ pass through untouched; a failure to describe a call is counted and the call pro
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import sys
 from collections.abc import Callable
@@ -72,15 +73,21 @@ SOURCE_PG = "process_group"
 SOURCE_COALESCING = "coalescing_manager"
 
 
+def context_var() -> contextvars.ContextVar | None:
+    """OpenTelemetry's current-context ContextVar when its default runtime context is in use, else None."""
+    from opentelemetry import context as _context
+
+    var = getattr(getattr(_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
+    return var if isinstance(var, contextvars.ContextVar) else None
+
+
 def _current_context_getter() -> Callable[[], Any]:
     """The cheapest way to the current OpenTelemetry Context: its ContextVar when the default runtime
     context is in use (two Python calls fewer per collective), else the public API."""
     from opentelemetry import context as _context
 
-    var = getattr(getattr(_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
-    if var is not None and hasattr(var, "get"):
-        return var.get
-    return _context.get_current
+    var = context_var()
+    return var.get if var is not None else _context.get_current
 
 
 _current_context = _current_context_getter()
@@ -221,7 +228,7 @@ def _fail(rec: list, exc: BaseException) -> None:
 
 
 def _finish_failed(name: str, exc: BaseException) -> None:
-    """The native fast path's report of a failure after the call returned (see native_hot.py)."""
+    """A failure to complete a record after the call returned (the Python body's and native_hot's)."""
     health.error("capture", f"could not complete a {name} record", exc)
 
 
@@ -233,7 +240,7 @@ HOT: list[tuple[list, OpSpec, Binder, Callable, Callable]] = []
 
 def hot_eligible(spec: OpSpec, binder: Binder) -> bool:
     """Whether the native fast path can take calls of ``spec``: one tensor whose size is the message (or n
-    times it), what the Python body's literal describes."""
+    times it), what the Python body's literal describes; at most 16 parameters (hot_path.cpp's kMaxParams)."""
     return len(spec.payload) == 1 and spec.size in ("sum", "times_n") and binder.n <= 16
 
 
@@ -282,7 +289,7 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
             else:
                 _finish(rec, result)
         except Exception as exc:
-            health.error("capture", f"could not complete a {spec.name} record", exc)
+            _finish_failed(spec.name, exc)
         return result
 
     hot: list = [None]  # the native part's op for this function while it is loaded (native_hot.py)

@@ -10,7 +10,6 @@ cheap exits stay in Python, so ``torch.compile`` traces the wrapper as before an
 
 from __future__ import annotations
 
-import contextvars
 from types import ModuleType
 from typing import Any
 
@@ -28,13 +27,13 @@ def _context_source() -> Any:
     a Python call), else the public getter."""
     from opentelemetry import context as _context
 
-    var = getattr(getattr(_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
-    return var if isinstance(var, contextvars.ContextVar) else _context.get_current
+    var = c10d.context_var()
+    return var if var is not None else _context.get_current
 
 
 def activate(mod: ModuleType | None) -> None:
     """Hand the eligible wrappers of this instrument() to the native part ``mod`` (None: Python only)."""
-    if mod is None or not hasattr(mod, "hot_call"):
+    if mod is None:
         return
     from opentelemetry.trace.propagation import _SPAN_KEY
 

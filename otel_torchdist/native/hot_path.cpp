@@ -13,18 +13,16 @@
 #include <torch/csrc/autograd/graph_task.h>
 #include <torch/csrc/autograd/python_variable.h>
 
-#include <time.h>
-
 #include <cstdint>
+
+namespace otel_native {
+int64_t now_ns();  // timed_group.cpp: time.perf_counter_ns()'s clock
+}
 
 namespace otel_hot {
 namespace {
 
-int64_t now_ns() {  // time.perf_counter_ns() on Linux
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
+using otel_native::now_ns;
 
 // Record fields (record.py)
 enum : Py_ssize_t {
@@ -218,14 +216,13 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject* local, 
   Py_ssize_t nargs = PyTuple_GET_SIZE(args);
   if (nargs > h->count) return nullptr;
   PyObject* v[kMaxParams];
-  bool with_kwargs = kwargs != nullptr && PyDict_Check(kwargs) && PyDict_GET_SIZE(kwargs) > 0;
   for (Py_ssize_t i = 0; i < h->count; ++i) {
     if (i < nargs) {
       v[i] = PyTuple_GET_ITEM(args, i);
       continue;
     }
     v[i] = PyTuple_GET_ITEM(h->defaults, i);
-    if (with_kwargs) {
+    if (kwargs != nullptr) {  // a non-empty dict (call())
       PyObject* given = PyDict_GetItemWithError(kwargs, PyTuple_GET_ITEM(h->names, i));
       if (given != nullptr) {
         v[i] = given;
@@ -316,6 +313,21 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject* local, 
   return rec;
 }
 
+// After the call: the thread is no longer inside it (BLOCKING, TLS.outer). False if either could not be
+// reset; no error is left set.
+bool leave(PyObject* local, PyObject* thread) {
+  bool reset = true;
+  if (PyDict_DelItem(G.blocking, thread) < 0) {
+    PyErr_Clear();
+    reset = false;
+  }
+  if (PyDict_SetItem(local, G.s_outer, Py_None) < 0) {
+    PyErr_Clear();
+    reset = false;
+  }
+  return reset;
+}
+
 // call(op, args, kwargs): the collective's own result, or its own exception, unchanged.
 PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   if (argc != 3 || !PyTuple_Check(argv[1]) || !PyDict_Check(argv[2])) {
@@ -363,8 +375,7 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
   int64_t t_end = now_ns();
   if (result == nullptr) {
     Raised exc;
-    if (PyDict_DelItem(G.blocking, thread.p) < 0) PyErr_Clear();
-    if (PyDict_SetItem(local.p, G.s_outer, Py_None) < 0) PyErr_Clear();
+    leave(local.p, thread.p);
     PyObject* r = PyObject_CallFunctionObjArgs(G.fail, rec.p, exc.value ? exc.value : Py_None, nullptr);
     if (r == nullptr) PyErr_Clear();
     Py_XDECREF(r);
@@ -372,13 +383,7 @@ PyObject* call(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     return nullptr;
   }
   // The thread's state is put back whatever fails; then the record.
-  bool reset = PyDict_DelItem(G.blocking, thread.p) == 0;
-  if (!reset) PyErr_Clear();
-  if (PyDict_SetItem(local.p, G.s_outer, Py_None) < 0) {
-    PyErr_Clear();
-    reset = false;
-  }
-  if (!reset) {
+  if (!leave(local.p, thread.p)) {
     PyErr_SetString(PyExc_RuntimeError, "could not reset the thread's capture state");
     report_failure(h);
   }

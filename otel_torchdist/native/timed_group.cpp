@@ -25,20 +25,25 @@
 #include <utility>
 #include <vector>
 
+namespace otel_native {
+// time.perf_counter_ns() on Linux: CLOCK_MONOTONIC, so records from here, from hot_path.cpp and from Python
+// share one clock.
+int64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
+}
+}  // namespace otel_native
+
 namespace {
+
+using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
 constexpr int kVersion = 2;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
-
-// time.perf_counter_ns() on Linux: CLOCK_MONOTONIC, so records from here and from Python share one clock.
-int64_t now_ns() {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return int64_t(ts.tv_sec) * 1000000000LL + ts.tv_nsec;
-}
 
 struct Entry {
   int64_t gid = 0;  // the Python side's group id (groups.BY_ID)
