@@ -260,15 +260,17 @@ def span_json(s: SpanData) -> str:
     return out + "}"
 
 
-def trace_request_json(resource: dict[str, Any], fragments: list[str]) -> str:
-    """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of a traces file) around :func:`span_json` fragments."""
+def trace_request_frame(resource: dict[str, Any]) -> tuple[str, str]:
+    """What comes before and after the comma-joined :func:`span_json` fragments in a request."""
     res = ",".join(wire.attributes_json([(k, v) for k, v in resource.items() if v is not None]))
     scope = '{"name":%s,"version":%s}' % (json.dumps(n.SCOPE_NAME), json.dumps(__version__))
-    return '{"resourceSpans":[{"resource":{"attributes":[%s]},"scopeSpans":[{"scope":%s,"spans":[%s]}]}]}' % (
-        res,
-        scope,
-        ",".join(fragments),
-    )
+    return '{"resourceSpans":[{"resource":{"attributes":[%s]},"scopeSpans":[{"scope":%s,"spans":[' % (res, scope), "]}]}]}"
+
+
+def trace_request_json(resource: dict[str, Any], fragments: list[str]) -> str:
+    """One OTLP/JSON ``ExportTraceServiceRequest`` (a line of a traces file) around :func:`span_json` fragments."""
+    head, tail = trace_request_frame(resource)
+    return head + ",".join(fragments) + tail
 
 
 def spans_to_json(resource: dict[str, Any], spans: list[SpanData]) -> str:
@@ -276,6 +278,31 @@ def spans_to_json(resource: dict[str, Any], spans: list[SpanData]) -> str:
 
 
 SPAN_ENCODERS = {"pb": span_pb, "json": span_json}
+
+
+def use_native(mod: Any) -> None:
+    """Encode spans with the native part ``mod`` (``native/encode.cpp``: the same bytes, without the
+    interpreter's per-attribute cost); ``None``: with the Python encoders above."""
+    if mod is None:
+        SPAN_ENCODERS.update(pb=span_pb, json=span_json)
+        return
+    mod.encode_setup(
+        {
+            "json_fallback": span_json,
+            "pb_fallback": span_pb,
+            "pair_json": wire.pair_json,
+            "pair_pb": wire.pair_pb,
+            "block_json_cache": wire._block_json,
+            "block_json": wire.block_json,
+            "block_pb_cache": wire._block_pb,
+            "block_pb": wire.block_pb,
+            "key_json_cache": wire._key_json_cache,
+            "key_json": wire._key_json,
+            "name_json": _name_json,
+            "name_pb": _name_pb,
+        }
+    )
+    SPAN_ENCODERS.update(pb=mod.span_pb, json=mod.span_json)
 
 
 def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_ns: int, now_ns: int) -> str:

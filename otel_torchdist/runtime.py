@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from . import health, logs, signals, steps, stragglers, watchdog
+from . import health, logs, otlp, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
@@ -151,6 +151,10 @@ class Runtime:
             self.on_process_group()
         ddp_native.activate(self.cfg.native, self.cfg.max_queued_records)
         native_hot.activate(ddp_native.module())
+        try:
+            otlp.use_native(ddp_native.module())
+        except Exception as exc:
+            health.error("native", "the native span encoders could not be set up; spans are encoded in Python", exc)
         try:
             ddp.adopt_existing()
         except Exception as exc:
@@ -402,6 +406,7 @@ class Runtime:
         self._finish_node()
         self.pipeline.stop(self.cfg.flush_timeout)
         native_hot.deactivate()
+        otlp.use_native(None)
         ddp_native.deactivate(restore)
         self._finish_summary()
         if self.prometheus is not None:

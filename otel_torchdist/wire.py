@@ -121,6 +121,11 @@ def attributes_pb(field: int, pairs) -> bytes:
     return b"".join(out)
 
 
+def pair_pb(key: str, value: Any) -> bytes:
+    """One pair as a ``Span.attributes`` field (the native encoder's path for a value it does not encode)."""
+    return attributes_pb(9, ((key, value),))
+
+
 _block_pb: dict[tuple, bytes] = {}
 
 
@@ -210,6 +215,11 @@ def attributes_json(pairs) -> list[str]:
             cache[ck] = enc
         out.append(enc)
     return out
+
+
+def pair_json(key: str, value: Any) -> str:
+    """One pair's :func:`attributes_json` (the native encoder's path for a value it does not format)."""
+    return attributes_json(((key, value),))[0]
 
 
 _block_json: dict[tuple, str] = {}

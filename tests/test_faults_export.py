@@ -856,9 +856,18 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
         signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # the kernel's signal for EFBIG: errno instead
         folder = {str(tmp_path)!r}
         sink = FileSink(folder, 0, traces=True, metrics=False)
+        batches, limited = (FileSink(os.path.join(folder, x), 0, traces=True, metrics=False) for x in ("batches", "limited"))
+        os.makedirs(batches.folder)
+        os.makedirs(limited.folder)
+        span = json.dumps({{"pad": "z" * 20}})
+        # a batch is written as pieces, a thousand to a vectored write: 1500 spans, one line
+        ok = [batches.export_span_fragments({{"service.name": "t"}}, [span] * 1500)]
         resource.setrlimit(resource.RLIMIT_FSIZE, (2500, 2500))
-        ok = [sink._write(sink.traces_path, json.dumps({{"i": i, "pad": "x" * 900}})) for i in range(5)]
-        sink.shutdown()
+        ok += [sink._write(sink.traces_path, json.dumps({{"i": i, "pad": "x" * 900}})) for i in range(5)]
+        # over the limit part-way through the pieces: cut back; then a batch that fits
+        ok += [limited.export_span_fragments({{"service.name": "t"}}, [span] * n) for n in (150, 3)]
+        for s in (sink, batches, limited):
+            s.shutdown()
         from otel_torchdist import runtime
         rt = runtime.Runtime.__new__(runtime.Runtime)
         rt.folder = folder
@@ -869,9 +878,12 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     )
     proc = subprocess.run([sys.executable, "-c", script], cwd=REPO, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True, False, False, False]
+    assert json.loads(proc.stdout.strip().splitlines()[-1]) == [True, True, True, False, False, False, False, True]
     lines = open(tmp_path / "traces.rank0.jsonl").read().splitlines()
     assert [json.loads(line)["i"] for line in lines] == [0, 1]  # the third was cut back, not left torn
+    for folder, sizes in (("batches", [1500]), ("limited", [3])):
+        batches = [json.loads(line) for line in open(tmp_path / folder / "traces.rank0.jsonl").read().splitlines()]
+        assert [len(b["resourceSpans"][0]["scopeSpans"][0]["spans"]) for b in batches] == sizes
     assert json.load(open(tmp_path / "summary.rank0.json")) == {"a": 1}
     assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import os
 
+from pathlib import Path
+
 import pytest
 import torch
 
@@ -49,11 +51,15 @@ def test_builds_are_kept_apart_by_torch_python_and_source(tmp_path, monkeypatch)
     name = native.build_dir().name
     assert name.startswith(f"torch{torch.__version__}".replace("+", "_"))
     assert "cpython" in name or "pypy" in name
-    # the sources' digest: a changed timed_group.cpp or hot_path.cpp never loads an older build
+    # the sources' digest: a changed source or header never loads an older build
     import hashlib
 
-    whole = hashlib.sha256(b"".join(s.read_bytes() for s in native.SOURCES)).hexdigest()[:12]
-    assert name.endswith(whole) and {s.name for s in native.SOURCES} == {"timed_group.cpp", "hot_path.cpp"}
+    whole = hashlib.sha256(b"".join(s.read_bytes() for s in native.SOURCES + native.HEADERS)).hexdigest()[:12]
+    assert name.endswith(whole)
+    assert {s.name for s in native.SOURCES + native.HEADERS} == {"timed_group.cpp", "hot_path.cpp", "encode.cpp", "common.h"}
+    assert {p.name for p in Path(native.__file__).parent.iterdir() if p.suffix in (".cpp", ".h")} == {
+        s.name for s in native.SOURCES + native.HEADERS
+    }  # every file the build reads
 
 
 def test_the_setting_is_checked_by_name(monkeypatch):

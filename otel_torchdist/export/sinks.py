@@ -79,14 +79,22 @@ class _FailureLog:
 
 
 # ----------------------------------------------------------------------------------------- run folder
-def _append_whole(fd: int, data: bytes) -> None:
-    """Append one line or none: a full disk (or a file size limit) stops a write part-way, and a torn line
-    would make the file unreadable from there on, so the part written is cut off again before raising."""
+_IOV_MAX = 1024  # pieces per vectored write (Linux's IOV_MAX)
+
+
+def _append_whole(fd: int, pieces: list[bytes]) -> None:
+    """Append one line (the concatenated ``pieces``) or none: a full disk (or a file size limit) stops a
+    write part-way, and a torn line would make the file unreadable from there on, so the part written is
+    cut off again before raising."""
     start = os.fstat(fd).st_size
-    view = memoryview(data)
     try:
-        while view:
-            view = view[os.write(fd, view) :]
+        for i in range(0, len(pieces), _IOV_MAX):
+            chunk = pieces[i : i + _IOV_MAX]
+            written = os.writev(fd, chunk)
+            if written < sum(map(len, chunk)):  # a short write (a signal, a size limit): the rest one by one
+                view = memoryview(b"".join(chunk))[written:]
+                while view:
+                    view = view[os.write(fd, view) :]
     except OSError:
         try:
             os.ftruncate(fd, start)
@@ -151,7 +159,10 @@ class FileSink(Sink):
         self._failures = _FailureLog(f"to {folder}")
 
     def _write(self, path: str, line: str) -> bool:
-        data = (line + "\n").encode()
+        return self._write_pieces(path, [(line + "\n").encode()])
+
+    def _write_pieces(self, path: str, pieces: list[bytes]) -> bool:
+        """Append one line made of ``pieces`` (its newline included)."""
         try:
             with self._lock:
                 f = self._files.get(path)
@@ -159,9 +170,9 @@ class FileSink(Sink):
                     f = self._files[path] = open(path, "ab", buffering=0)
                 if self.max_bytes and path not in self._unrotatable:
                     size = os.fstat(f.fileno()).st_size
-                    if size and size + len(data) > self.max_bytes:
+                    if size and size + sum(map(len, pieces)) > self.max_bytes:
                         f = self._rotate(path, f)
-                _append_whole(f.fileno(), data)
+                _append_whole(f.fileno(), pieces)
         except Exception as exc:
             self._failures.failed(f"{type(exc).__name__}: {exc}")
             return False
@@ -203,7 +214,18 @@ class FileSink(Sink):
     def export_span_fragments(self, resource, fragments, timeout=None):
         if self.traces_path is None:
             return True
-        return self._write(self.traces_path, otlp.trace_request_json(resource, fragments))
+        # Written as pieces, one vectored write per thousand: a batch joined first and encoded was four
+        # copies of about a megabyte on pages fresh from the kernel each time (two page faults a span).
+        head, tail = otlp.trace_request_frame(resource)
+        pieces = [head.encode()]
+        add = pieces.append
+        for fragment in fragments:
+            add(fragment.encode())
+            add(b",")
+        if fragments:
+            pieces.pop()
+        add(tail.encode() + b"\n")
+        return self._write_pieces(self.traces_path, pieces)
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.metrics_path is None:

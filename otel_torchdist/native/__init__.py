@@ -1,5 +1,6 @@
-"""otel-torchdist's native part: a C++ process group that records DDP's reducer without Python, and the
-c10d wrapper's common case in C++ (``hot_path.cpp``, see ``capture/native_hot.py``).
+"""otel-torchdist's native part: a C++ process group that records DDP's reducer without Python, the c10d
+wrapper's common case in C++ (``hot_path.cpp``, see ``capture/native_hot.py``), and the span encoders the
+drain thread uses (``encode.cpp``, see ``otlp.use_native``).
 
 DDP's reducer issues the gradient all-reduces from C++. Capturing them from Python takes a comm hook, and
 any comm hook costs DDP a pass over each bucket (without one the reducer scales gradients while copying
@@ -28,9 +29,10 @@ from types import ModuleType
 
 _log = logging.getLogger("otel_torchdist")
 
-SOURCES = (Path(__file__).with_name("timed_group.cpp"), Path(__file__).with_name("hot_path.cpp"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("timed_group.cpp", "hot_path.cpp", "encode.cpp"))
+HEADERS = (Path(__file__).with_name("common.h"),)
 NAME = "otel_torchdist_native"
-VERSION = 2  # the C++ module's kVersion this Python side speaks
+VERSION = 3  # the C++ module's kVersion this Python side speaks
 
 _lock = threading.Lock()
 _loaded: ModuleType | None = None
@@ -62,7 +64,7 @@ def build_dir() -> Path:
 def source_digest() -> str:
     """What names a build: the sources' SHA-256, so a changed source never loads an older build."""
     h = hashlib.sha256()
-    for source in SOURCES:
+    for source in SOURCES + HEADERS:
         h.update(source.read_bytes())
     return h.hexdigest()[:12]
 

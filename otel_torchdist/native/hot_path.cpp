@@ -15,14 +15,13 @@
 
 #include <cstdint>
 
-namespace otel_native {
-int64_t now_ns();  // timed_group.cpp: time.perf_counter_ns()'s clock
-}
+#include "common.h"
 
 namespace otel_hot {
 namespace {
 
 using otel_native::now_ns;
+using otel_native::Ref;
 
 // Record fields (record.py)
 enum : Py_ssize_t {
@@ -73,19 +72,6 @@ struct HotOp {
 
 constexpr Py_ssize_t kMaxParams = 16;
 constexpr const char* kCapsule = "otel_torchdist.hot_op";
-
-struct Ref {  // an owned reference
-  PyObject* p;
-  explicit Ref(PyObject* o = nullptr) : p(o) {}
-  ~Ref() { Py_XDECREF(p); }
-  Ref(const Ref&) = delete;
-  Ref& operator=(const Ref&) = delete;
-  PyObject* release() {
-    PyObject* o = p;
-    p = nullptr;
-    return o;
-  }
-};
 
 PyObject* slow_path(HotOp* h, PyObject* args, PyObject* kwargs) {  // kwargs: the dict the wrapper got
   return PyObject_CallFunctionObjArgs(h->slow, args, kwargs, nullptr);

@@ -1,0 +1,24 @@
+// What the native sources share (compiled into one module; a change here changes the build's digest too).
+#pragma once
+#include <Python.h>
+
+#include <cstdint>
+
+namespace otel_native {
+
+int64_t now_ns();  // timed_group.cpp: time.perf_counter_ns()'s clock
+
+struct Ref {  // an owned reference
+  PyObject* p;
+  explicit Ref(PyObject* o = nullptr) : p(o) {}
+  ~Ref() { Py_XDECREF(p); }
+  Ref(const Ref&) = delete;
+  Ref& operator=(const Ref&) = delete;
+  PyObject* release() {
+    PyObject* o = p;
+    p = nullptr;
+    return o;
+  }
+};
+
+}  // namespace otel_native
