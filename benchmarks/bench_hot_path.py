@@ -150,10 +150,14 @@ def main(argv: list[str] | None = None) -> int:
         # paired within rounds: this machine's speed drifts between rounds more than the added cost does
         print(f"{'  added, in plain calls of the same round':<52} {stats([a / p for a, p in zip(added, plain[variant])])}")
         print(f"{'  deferred: metrics, spans, OTLP/JSON file':<52} {stats(deferred[variant])}")
-        whole[label] = statistics.median(added) + statistics.median(deferred[variant])
-    print("whole CPU cost per collective (median added + median deferred):")
-    for label, value in whole.items():
-        print(f"  {label:<56} {value:8.2f}")
+        print(f"{'  deferred, in plain calls of the same round':<52} {stats([d / p for d, p in zip(deferred[variant], plain[variant])])}")
+        whole[label] = (
+            statistics.median(added) + statistics.median(deferred[variant]),
+            statistics.median([(a + d) / p for a, d, p in zip(added, deferred[variant], plain[variant])]),
+        )
+    print("whole CPU cost per collective (median added + median deferred; median of added + deferred in plain calls of the same round):")
+    for label, (value, calls) in whole.items():
+        print(f"  {label:<56} {value:8.2f} us {calls:6.2f} plain calls")
     return 0
 
 

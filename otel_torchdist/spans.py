@@ -121,21 +121,31 @@ def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
     return static
 
 
+_BUS_FACTORS: dict[tuple[str, int], float] = {}
+_T_START, _T_END, _OP, _EXTRA, _SEQ, _KIND, _NBYTES = R.T_START, R.T_END, R.OP, R.EXTRA, R.SEQ, R.KIND, R.NBYTES
+_DURATION, _SEQ_KEY, _ALGBW, _BUSBW, _BARRIER = n.COLL_DURATION, n.COLL_SEQ, n.COLL_ALGBW, n.COLL_BUSBW, bw.BARRIER
+
+
 def dynamic_attributes(rec: tuple, gi: Any, seconds: float) -> list[tuple[str, Any]]:
     """The attributes new with every call: timings, sequence number, bandwidths."""
-    dynamic: list[tuple[str, Any]] = [(n.COLL_DURATION, seconds)]
-    extra = rec[R.EXTRA]
+    # Runs for every traced collective: locals, bandwidth.algbw_gbps inlined, the bus factor cached.
+    dynamic: list[tuple[str, Any]] = [(_DURATION, seconds)]
+    extra = rec[_EXTRA]
     if extra:
         for i in range(0, len(extra), 2):
             if extra[i] == "wait_ns":
                 dynamic.append((n.FUNCOL_WAIT_S, extra[i + 1] / 1e9))
-    if rec[R.SEQ] is not None:
-        dynamic.append((n.COLL_SEQ, rec[R.SEQ]))
-    if rec[R.KIND] != bw.BARRIER and gi.size > 0:
-        alg = bw.algbw_gbps(rec[R.NBYTES], seconds)
-        if alg is not None:
-            dynamic.append((n.COLL_ALGBW, alg))
-            dynamic.append((n.COLL_BUSBW, alg * bw.bus_factor(rec[R.KIND], gi.size)))
+    seq = rec[_SEQ]
+    if seq is not None:
+        dynamic.append((_SEQ_KEY, seq))
+    kind, size, nbytes = rec[_KIND], gi.size, rec[_NBYTES]
+    if kind != _BARRIER and size > 0 and nbytes > 0 and seconds > 0:  # algbw is undefined otherwise
+        factor = _BUS_FACTORS.get((kind, size))
+        if factor is None:
+            factor = _BUS_FACTORS[(kind, size)] = bw.bus_factor(kind, size)
+        alg = nbytes / seconds / 1e9
+        dynamic.append((_ALGBW, alg))
+        dynamic.append((_BUSBW, alg * factor))
     return dynamic
 
 
@@ -199,18 +209,20 @@ _EXTRA_KEYS = {
 def collective_span(
     rec: tuple, gi: Any, seconds: float, offset_ns: int, trace_id: int, parent_span_id: int | None, sampled: bool
 ) -> SpanData:
-    start = rec[R.T_START] + offset_ns
-    end = (rec[R.T_END] or rec[R.T_START]) + offset_ns
-    span = SpanData(
-        name=rec[R.OP],
-        trace_id=trace_id,
-        span_id=new_span_id(),
-        parent_span_id=parent_span_id,
-        start_ns=start,
-        end_ns=max(end, start),
-        attributes=dynamic_attributes(rec, gi, seconds),
-        shared=(site_block(rec, gi),),
-        sampled=sampled,
+    start = rec[_T_START] + offset_ns
+    end = (rec[_T_END] or rec[_T_START]) + offset_ns
+    span = SpanData(  # positional: SpanData's field order (a keyword call costs more, once per traced collective)
+        rec[_OP],
+        trace_id,
+        _rand.getrandbits(64) or 1,  # new_span_id()
+        parent_span_id,
+        start,
+        end if end > start else start,
+        dynamic_attributes(rec, gi, seconds),
+        (site_block(rec, gi),),
+        None,
+        [],
+        sampled,
     )
     error = rec[R.ERROR]
     if error is not None:
