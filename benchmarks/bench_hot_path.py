@@ -1,6 +1,6 @@
 """Hot-path and whole-pipeline cost per collective, ``fake`` backend (no transport to hide the cost).
 
-    python benchmarks/bench_hot_path.py [--calls 20000] [--repeats 7] [--chunk 2000]
+    python benchmarks/bench_hot_path.py [--calls 20000] [--repeats 7] [--chunk 2000] [--endpoint URL]
 
 With the native part built (``otel-torchdist build-native``) the c10d wrapper's common case runs in C++;
 the last variant turns it off (``native="off"``), for the Python wrapper's cost.
@@ -14,6 +14,11 @@ thread, timed on its own: so the training-thread cost is measured at a realistic
 drain's CPU time (or its GIL holding, which a fake collective rate of 300 000/s would turn into the
 dominant cost) mixed in. That pause drains and exports everything queued (metrics, span building,
 encoding, writing OTLP/JSON lines to the run folder): its time is the deferred cost per collective.
+
+``--endpoint http://127.0.0.1:4318``: spans and metrics go over OTLP/HTTP protobuf to that receiver (a
+collector such as rotel, started apart) instead of the run folder. The deferred cost is then this
+process's CPU time during the pause (its threads'), not the pause's wall time, which would include the
+receiver's own work on the same cores.
 """
 
 from __future__ import annotations
@@ -31,10 +36,12 @@ import torch.distributed as dist
 from torch.testing._internal.distributed.fake_pg import FakeStore
 
 
-def _loop(calls: int, chunk: int, t: torch.Tensor, between=None, step_every: int = 0) -> tuple[float, float]:
-    """Microseconds per call on the calling thread, and per call spent in ``between`` (untimed work).
-    ``step_every``: mark a training step every that many calls (otel_torchdist.step_end / step_begin, which
-    cost nothing uninstrumented), so the default step sampling applies."""
+def _loop(
+    calls: int, chunk: int, t: torch.Tensor, between=None, step_every: int = 0, clock=time.perf_counter_ns
+) -> tuple[float, float]:
+    """Microseconds per call on the calling thread, and per call spent in ``between`` (untimed work, by
+    ``clock``). ``step_every``: mark a training step every that many calls (otel_torchdist.step_end /
+    step_begin, which cost nothing uninstrumented), so the default step sampling applies."""
     import otel_torchdist
 
     all_reduce = dist.all_reduce
@@ -56,9 +63,9 @@ def _loop(calls: int, chunk: int, t: torch.Tensor, between=None, step_every: int
         timed += time.perf_counter_ns() - start
         done += n
         if between is not None:
-            start = time.perf_counter_ns()
+            start = clock()
             between()
-            other += time.perf_counter_ns() - start
+            other += clock() - start
     return timed / calls / 1e3, other / calls / 1e3
 
 
@@ -78,7 +85,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--calls", type=int, default=20000, help="calls per round (default 20000)")
     parser.add_argument("--repeats", type=int, default=7, help="rounds (default 7)")
     parser.add_argument("--chunk", type=int, default=2000, help="calls between drains (default 2000)")
+    parser.add_argument("--endpoint", help="export over OTLP/HTTP protobuf to this receiver instead of the run folder")
     args = parser.parse_args(argv)
+    clock = time.process_time_ns if args.endpoint else time.perf_counter_ns
+    if args.endpoint:
+        export = dict(endpoint=args.endpoint, protocol="http/protobuf", metrics_exporter=("otlp",), traces_exporter="otlp")
+        where = f"OTLP/HTTP protobuf to {args.endpoint} (this process's CPU time)"
+    else:
+        export = dict(metrics_exporter=("file",), traces_exporter="file")
+        where = "OTLP/JSON file"
 
     import otel_torchdist
     from otel_torchdist import runtime
@@ -105,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
             otel_torchdist.instrument(
                 run_dir=folder,
                 run_id=f"bench-{variant}",
-                metrics_exporter=("file",),
-                traces_exporter="file",
+                **export,
                 drain_interval=3600.0,  # hold the background thread back while the loop is timed
                 span_schedule_delay=3600.0,
                 span_queue_size=args.calls,
@@ -119,11 +133,11 @@ def main(argv: list[str] | None = None) -> int:
             )
             pipeline = runtime.current().pipeline
             flush = lambda: _on_other_thread(lambda: pipeline.flush(600))  # noqa: E731
-            on_thread, drained = _loop(args.calls, args.chunk, t, flush, step_every)
+            on_thread, drained = _loop(args.calls, args.chunk, t, flush, step_every, clock)
             hot[variant].append(on_thread)
-            start = time.perf_counter_ns()
+            start = clock()
             runtime.current().flush(600)
-            exported = (time.perf_counter_ns() - start) / args.calls / 1e3
+            exported = (clock() - start) / args.calls / 1e3
             deferred[variant].append(drained + exported)
             otel_torchdist.uninstrument()
     dist.destroy_process_group()
@@ -133,6 +147,7 @@ def main(argv: list[str] | None = None) -> int:
 
     print(f"# fake backend, 1024-element all_reduce, {args.calls} calls x {args.repeats} rounds, drained every {args.chunk}")
     print(f"# {platform.processor() or platform.machine()}, {os.cpu_count()} cpus, Python {platform.python_version()}, torch {torch.__version__}")
+    print(f"# export: {where}")
     print(f"{'variant':<52} {'median':>8} {'min':>8} {'max':>8}   (us per collective)")
     labels = {
         "always_on": "100% traced",
@@ -149,7 +164,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{'  added on the training thread':<52} {stats(added)}")
         # paired within rounds: this machine's speed drifts between rounds more than the added cost does
         print(f"{'  added, in plain calls of the same round':<52} {stats([a / p for a, p in zip(added, plain[variant])])}")
-        print(f"{'  deferred: metrics, spans, OTLP/JSON file':<52} {stats(deferred[variant])}")
+        print(f"{'  deferred: metrics, spans, export':<52} {stats(deferred[variant])}")
         print(f"{'  deferred, in plain calls of the same round':<52} {stats([d / p for d, p in zip(deferred[variant], plain[variant])])}")
         whole[label] = (
             statistics.median(added) + statistics.median(deferred[variant]),

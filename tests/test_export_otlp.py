@@ -96,3 +96,39 @@ def test_http_protobuf_fields_decoded_by_oteltap(tap, tmp_path):
         for dp in m.sum.data_points
     }
     assert values[("otlp-tap", "all_reduce")] == 4
+
+
+def test_the_http_exporter_applies_the_environment_as_requests_would_read_once(monkeypatch, tmp_path):
+    """Proxies (and NO_PROXY), the CA bundle variables and ~/.netrc apply as requests applies them to a
+    request from a session that trusts the environment; they are read when the exporter is made instead of
+    for every request. (No proxy runs here: the settings are compared with requests' own.)"""
+    import requests
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine collector.example login user password secret\n")
+    netrc.chmod(0o600)
+    for var, value in {
+        "NETRC": str(netrc),
+        "HTTPS_PROXY": "http://proxy.example:3128",
+        "HTTP_PROXY": "http://proxy.example:3128",
+        "NO_PROXY": "localhost",
+        "REQUESTS_CA_BUNDLE": str(tmp_path / "ca.pem"),
+    }.items():
+        monkeypatch.setenv(var, value)
+    seen = []
+    for endpoint in ("https://collector.example:4318", "http://localhost:4318"):
+        sink = OtlpHttpSink(Config(endpoint=endpoint), "traces", "http/protobuf")
+        expected = requests.Session().merge_environment_settings(sink.url, {}, None, True, None)
+        assert (sink.proxies, sink.verify) == (expected["proxies"], expected["verify"])
+        assert sink.auth == requests.utils.get_netrc_auth(sink.url)
+        seen.append((sink.proxies, sink.auth))
+    assert seen == [
+        ({"https": "http://proxy.example:3128", "http": "http://proxy.example:3128", "no": "localhost"}, ("user", "secret")),
+        ({}, None),  # NO_PROXY, and no netrc entry
+    ]
+    mine = str(tmp_path / "mine.pem")
+    certified = OtlpHttpSink(Config(endpoint="https://collector.example:4318", certificate=mine), "traces", "http/protobuf")
+    assert certified.verify == mine  # OTEL_EXPORTER_OTLP_CERTIFICATE wins over the variables

@@ -318,10 +318,22 @@ class OtlpHttpSink(Sink):
         self.headers = headers
         self.timeout = cfg.for_signal("timeout", signal)
         self.session = requests.Session()
+        # A session that trusts the environment reads it again for every request (proxies, NO_PROXY, the CA
+        # bundle variables, ~/.netrc): 0.4 ms of CPU a request here, a third of what a span batch's post
+        # costs. Read once, here, as requests would for this URL, and passed with every request.
+        self.session.trust_env = False
+        self.proxies = requests.utils.get_environ_proxies(self.url)
+        self.auth = requests.utils.get_netrc_auth(self.url)
         # Passed with every request, not set on the session: requests lets REQUESTS_CA_BUNDLE /
         # CURL_CA_BUNDLE override a session's ``verify`` (psf/requests#3829), which would silently replace
-        # OTEL_EXPORTER_OTLP_CERTIFICATE on machines that set those variables.
-        self.verify: str | bool = cfg.for_signal("certificate", signal) or True
+        # OTEL_EXPORTER_OTLP_CERTIFICATE on machines that set those variables. Without a certificate they
+        # apply, as requests applies them.
+        self.verify: str | bool = (
+            cfg.for_signal("certificate", signal)
+            or os.environ.get("REQUESTS_CA_BUNDLE")
+            or os.environ.get("CURL_CA_BUNDLE")
+            or True
+        )
         client_cert, client_key = cfg.for_signal("client_certificate", signal), cfg.for_signal("client_key", signal)
         self.cert = (client_cert, client_key) if client_cert and client_key else None
         self._failures = _FailureLog(f"{signal} to {_redacted(self.url)}")
@@ -332,8 +344,9 @@ class OtlpHttpSink(Sink):
         timeout = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
             resp = self.session.post(
-                self.url, data=body, headers=self.headers, timeout=timeout, verify=self.verify, cert=self.cert
-            )
+                self.url, data=body, headers=self.headers, timeout=timeout, verify=self.verify, cert=self.cert,
+                proxies=self.proxies, auth=self.auth,
+            )  # fmt: skip
         except Exception as exc:
             self._failures.failed(f"{type(exc).__name__}: {exc}")
             return False
