@@ -104,9 +104,10 @@ def attributes_pb(field: int, pairs) -> bytes:
             kv = key_value_pb(key, value)
             out.append(t + varint(len(kv)) + kv)
             continue
-        ck = (field, key, type(value), value)
+        # A tuple's items may be equal and of other types ((1,) == (True,)): encoded every time, as a list is.
+        ck = (field, key, type(value), value) if type(value) is not tuple else None
         try:
-            enc = cache.get(ck)
+            enc = cache.get(ck) if ck is not None else None
         except TypeError:  # an unhashable value (a list): encode it every time
             enc = None
             ck = None
@@ -130,7 +131,11 @@ _block_pb: dict[tuple, bytes] = {}
 
 
 def block_pb(field: int, block: tuple) -> bytes:
-    """:func:`attributes_pb` of a hashable tuple of pairs that recurs across spans, encoded once per value."""
+    """:func:`attributes_pb` of a :class:`Block` (as field 9, ``Span.attributes``, the one it is cached
+    for), encoded once per block; a plain tuple every time: equal tuples may hold values of other types
+    (``1``, ``1.0`` and ``True`` are equal) and must not share an encoding."""
+    if type(block) is not Block:
+        return attributes_pb(field, block)
     enc = _block_pb.get(block)
     if enc is None:
         enc = attributes_pb(field, block)
@@ -199,6 +204,8 @@ def attributes_json(pairs) -> list[str]:
         elif t is int and not -_SMALL < value < _SMALL:
             out.append('%s{"intValue":"%d"}}' % (keys.get(key) or _key_json(key), value))
             continue
+        elif t is tuple:  # items may be equal and of other types ((1,) == (True,)): encoded every time
+            ck = None
         else:
             ck = (key, t, value)
             try:
@@ -226,7 +233,10 @@ _block_json: dict[tuple, str] = {}
 
 
 def block_json(block: tuple) -> str:
-    """Comma-joined :func:`attributes_json` of a recurring tuple of pairs, encoded once per value."""
+    """Comma-joined :func:`attributes_json` of a :class:`Block`, encoded once per block; a plain tuple
+    every time (see :func:`block_pb`)."""
+    if type(block) is not Block:
+        return ",".join(attributes_json(block))
     enc = _block_json.get(block)
     if enc is None:
         enc = ",".join(attributes_json(block))

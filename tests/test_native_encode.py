@@ -55,6 +55,7 @@ ODD = [
     otlp.SpanData("spán \"name\"", (1 << 128) - 1, (1 << 64) - 1, (1 << 64) - 1, 2**62, 2**63 - 1, [("d", 1e-5)]),
     otlp.SpanData("zero_parent", 5, 6, 0, 1, 2, [], shared=((), SHARED)),
     otlp.SpanData("unsampled_remote", 5, 6, 7, 1, 2, [("x", 0.0)], sampled=False, remote_parent=True),
+    *(otlp.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
 ]
 
 

@@ -158,3 +158,14 @@ def test_span_json_writes_nan_attributes_as_strings():
     span = otlp.SpanData("s", 1, 2, None, 1, 2, [("loss", float("nan")), ("big", float("inf"))])
     attrs = _strict(otlp.spans_to_json(RESOURCE, [span]))["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
     assert [a["value"]["doubleValue"] for a in attrs] == ["NaN", "Infinity"]
+
+
+def test_equal_values_of_other_types_keep_their_own_encoding():
+    """1, 1.0 and True are equal in Python, and so are tuples of them: no cache of encodings may hand one
+    the other's (a block that is a plain tuple, an array value)."""
+    for x in (1, 1.0, True, 1, True):  # each after the others, so a shared cache entry would show
+        span = otlp.SpanData("s", 1, 2, None, 1, 2, [("v", (x, 2)), ("w", x)], shared=((("a", x),),))
+        expected = _reference(RESOURCE, [span])
+        assert trace_service_pb2.ExportTraceServiceRequest.FromString(otlp.spans_to_proto(RESOURCE, [span])) == expected
+        doc = json.loads(otlp.spans_to_json(RESOURCE, [span]))
+        assert json_format.ParseDict(_hex_ids_to_base64(doc), trace_service_pb2.ExportTraceServiceRequest()) == expected

@@ -150,7 +150,7 @@ bool append_str(std::string& out, PyObject* s) {  // a str's UTF-8 (ASCII here: 
 // Python's repr of a finite float: the shortest digits that read back to the same double, laid out as
 // float.__repr__ does (an exponent below 1e-4 and from 1e16, at least two exponent digits, ".0" on an
 // integral value).
-void repr_double(std::string& out, double v) {
+bool repr_double(std::string& out, double v) {  // false with an error set
 #if defined(__cpp_lib_to_chars) && __cpp_lib_to_chars >= 201611L
   char buf[40];
   auto r = std::to_chars(buf, buf + sizeof(buf), v, std::chars_format::scientific);
@@ -190,11 +190,11 @@ void repr_double(std::string& out, double v) {
   }
 #else
   char* s = PyOS_double_to_string(v, 'r', 0, Py_DTSF_ADD_DOT_0, nullptr);
-  if (s != nullptr) {
-    out.append(s);
-    PyMem_Free(s);
-  }
+  if (s == nullptr) return false;
+  out.append(s);
+  PyMem_Free(s);
 #endif
+  return true;
 }
 
 // A cached encoding (a str or bytes value of ``cache``), or what ``fill(args)`` makes of it.
@@ -232,7 +232,7 @@ bool pair_json(std::string& out, PyObject* pair) {
       if (prefix.p == nullptr || !append_str(out, prefix.p)) return false;
       if (is_float) {
         out.append("{\"doubleValue\":");
-        repr_double(out, d);
+        if (!repr_double(out, d)) return false;
         out.append("}}");
       } else {
         out.append("{\"intValue\":\"");
@@ -449,7 +449,7 @@ PyObject* double_repr(PyObject*, PyObject* v) {  // for the tests: repr_double a
   double d = PyFloat_AsDouble(v);
   if (d == -1.0 && PyErr_Occurred()) return nullptr;
   std::string out;
-  repr_double(out, d);
+  if (!repr_double(out, d)) return nullptr;
   return PyUnicode_FromStringAndSize(out.data(), Py_ssize_t(out.size()));
 }
 
@@ -481,22 +481,18 @@ PyObject* setup(PyObject*, PyObject* config) {
   for (size_t i = 0; i < sizeof(items) / sizeof(items[0]); ++i) {
     Py_XSETREF(*items[i].slot, Py_NewRef(found[i]));
   }
-  if (G.s_name == nullptr) {
-    struct Name {
-      PyObject** slot;
-      const char* text;
-    } names[] = {{&G.s_name, "name"}, {&G.s_trace_id, "trace_id"}, {&G.s_span_id, "span_id"},
-                 {&G.s_parent, "parent_span_id"}, {&G.s_start, "start_ns"}, {&G.s_end, "end_ns"},
-                 {&G.s_attributes, "attributes"}, {&G.s_shared, "shared"}, {&G.s_error, "error"},
-                 {&G.s_events, "events"}, {&G.s_sampled, "sampled"}, {&G.s_remote, "remote_parent"}};
-    for (auto& nm : names) {
-      *nm.slot = PyUnicode_InternFromString(nm.text);
-      if (*nm.slot == nullptr) return nullptr;
-    }
-    G.sixty_four = PyLong_FromLong(64);
-    G.nine = PyLong_FromLong(9);  // Span.attributes, block_pb's field
-    if (G.sixty_four == nullptr || G.nine == nullptr) return nullptr;
+  struct Name {
+    PyObject** slot;
+    const char* text;
+  } names[] = {{&G.s_name, "name"}, {&G.s_trace_id, "trace_id"}, {&G.s_span_id, "span_id"},
+               {&G.s_parent, "parent_span_id"}, {&G.s_start, "start_ns"}, {&G.s_end, "end_ns"},
+               {&G.s_attributes, "attributes"}, {&G.s_shared, "shared"}, {&G.s_error, "error"},
+               {&G.s_events, "events"}, {&G.s_sampled, "sampled"}, {&G.s_remote, "remote_parent"}};
+  for (auto& nm : names) {  // each kept once made: a setup that failed part-way is completed by the next
+    if (*nm.slot == nullptr && (*nm.slot = PyUnicode_InternFromString(nm.text)) == nullptr) return nullptr;
   }
+  if (G.sixty_four == nullptr && (G.sixty_four = PyLong_FromLong(64)) == nullptr) return nullptr;
+  if (G.nine == nullptr && (G.nine = PyLong_FromLong(9)) == nullptr) return nullptr;  // Span.attributes: block_pb's field
   G.ready = true;
   Py_RETURN_NONE;
 }
