@@ -156,3 +156,22 @@ def test_trace_ranks_forms_and_errors():
             config.load({"trace_ranks": bad})
     with pytest.raises(ValueError, match="OTEL_TORCHDIST_TRACE_RANKS='3-1'"):
         config.load({}, {"OTEL_TORCHDIST_TRACE_RANKS": "3-1"})
+
+
+def test_a_burst_beyond_the_span_queue_waits_for_the_exporter_instead_of_dropping(fake_pg, instrumented):
+    """A drain that makes more spans than the span queue holds lets the export thread take batches (it only
+    waits for the interpreter) instead of dropping what it could send; a drain whose exporter does not take
+    any within a moment drops and counts them, as before (the black-hole backends of test_faults_export)."""
+    from otel_torchdist import health
+
+    health.reset()
+    folder = instrumented(
+        run_id="burst", traces_sampler="always_on", max_spans_per_step=0, span_queue_size=64, span_batch_size=16,
+        drain_interval=3600.0, max_queued_records=4096,
+    )  # fmt: skip
+    for _ in range(1000):  # one drain's worth: 1000 spans for a queue of 64
+        dist.all_reduce(torch.ones(4))
+    otel_torchdist.flush()
+    otel_torchdist.uninstrument()
+    assert len(collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))) == 1000
+    assert health.drops().get("span", 0) == 0
