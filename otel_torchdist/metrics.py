@@ -61,9 +61,12 @@ class MetricStore:
         error: bool,
         exemplar: tuple[int, int, int] | None = None,  # time_ns, trace_id, span_id of a sampled span
     ) -> None:
-        # Runs for every collective, on the drain thread: one lock, no call but the bisection.
+        # Runs for every collective, on the drain thread: one lock, no call but the bisection. The lock is
+        # taken by its methods, not by ``with``: 0.1 us less a record (__exit__ takes three arguments).
         i = _bisect_left(self.bounds, seconds)
-        with self._lock:
+        lock = self._lock
+        lock.acquire()
+        try:
             s = self._series.get((op, group))
             if s is None:
                 s = self._series[(op, group)] = Series([0] * (len(self.bounds) + 1), dur_min=seconds, dur_max=seconds)
@@ -80,6 +83,8 @@ class MetricStore:
                 s.errors += 1
             if exemplar is not None:
                 s.exemplars[i] = (seconds, exemplar[0], exemplar[1], exemplar[2])
+        finally:
+            lock.release()
 
     def snapshot(self) -> dict[tuple[str, str], Series]:
         with self._lock:

@@ -30,7 +30,7 @@ from .metrics import FrameworkMetrics, MetricStore, collective_metrics, health_m
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
-from .steps import StepStats
+from .steps import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
 _BY_ID = groups.BY_ID
@@ -38,6 +38,7 @@ _GROUP, _GPU_NS, _T_START, _T_END, _NBYTES, _KIND = R.GROUP, R.GPU_NS, R.T_START
 _STEPCTX, _PARENT, _CTX, _OP, _ERROR, _SEQ, _END = R.STEPCTX, R.PARENT, R.CTX, R.OP, R.ERROR, R.SEQ, R.END
 _END_UNFINISHED = n.END_UNFINISHED
 _bus_factors: dict[tuple[str, int], float] = {}
+_INTERVALS_CAP = Intervals.CAP
 
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
@@ -220,16 +221,18 @@ class Pipeline:
         # Runs for every collective: locals and inlined lookups, the common case first.
         gi = _BY_ID[rec[_GROUP]]
         gpu_ns = rec[_GPU_NS]
+        t0, t1 = rec[_T_START], rec[_T_END]
         if gpu_ns is not None:
             seconds = gpu_ns / 1e9
         else:
-            elapsed = rec[_T_END] - rec[_T_START]
+            elapsed = t1 - t0
             seconds = elapsed / 1e9 if elapsed > 0 else 0.0
         nbytes = rec[_NBYTES]
         kind = rec[_KIND]
-        factor = _bus_factors.get((kind, gi.size))
+        size = gi.size
+        factor = _bus_factors.get((kind, size))
         if factor is None:
-            factor = _bus_factors[(kind, gi.size)] = bw.bus_factor(kind, gi.size) if gi.size > 0 else 0.0
+            factor = _bus_factors[(kind, size)] = bw.bus_factor(kind, size) if size > 0 else 0.0
         step = rec[_STEPCTX]
         fw = rec[_CTX]
         if rec[_PARENT] is None and (fw is None or fw[3] is None) and step is not None:
@@ -242,7 +245,10 @@ class Pipeline:
             stats = self.step_stats.get(step[0])
             if stats is None:
                 stats = self.open_step_stats(step[0])
-            stats.intervals.append((rec[_T_START], rec[_T_END]))
+            tail = stats.intervals.tail  # Intervals.append, inlined
+            tail.append((t0, t1))
+            if len(tail) >= _INTERVALS_CAP:
+                stats.intervals.compact()
             stats.collectives += 1
             stats.nbytes += nbytes
         exemplar = None

@@ -114,7 +114,7 @@ class Intervals:
     def append(self, interval: tuple[int, int]) -> None:
         self.tail.append(interval)
         if len(self.tail) >= self.CAP:
-            self._compact()
+            self.compact()
 
     def _clipped_tail(self) -> list[tuple[int, int]]:
         end = self.folded_end
@@ -122,7 +122,7 @@ class Intervals:
             return self.tail
         return [(max(a, end), b) for a, b in self.tail if b > end]
 
-    def _compact(self) -> None:
+    def compact(self) -> None:
         merged = _merge(self.head + self._clipped_tail())
         self.head = merged[: self.HEAD]
         rest = merged[self.HEAD :]

@@ -67,6 +67,34 @@ def steps_job(request, tmp_path_factory):
     return _job(tmp_path_factory, "steps", ws, f"steps-ws{ws}")
 
 
+def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exact(fake_pg, instrumented):
+    """A step that never ends (no optimizer, no marked steps) of 20 000 collectives: the drain keeps at most
+    Intervals.CAP of their intervals, and the step's collective time stays exact (back-to-back calls do
+    not overlap, so folding the old ones loses nothing)."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+    from otel_torchdist.capture import record as R
+    from otel_torchdist.steps import Intervals
+
+    instrumented(drain_interval=3600.0, max_queued_records=4096, traces_sampler="always_off")
+    pipeline = runtime.current().pipeline
+    spans: list[tuple[int, int]] = []
+    with otel_torchdist.step():
+        for chunk in range(10):
+            for _ in range(2000):
+                dist.all_reduce(torch.ones(4))
+            spans += [(rec[R.T_START], rec[R.T_END]) for rec in R.QUEUE]
+            pipeline.drain()
+            (stats,) = pipeline.step_stats.values()
+            assert len(stats.intervals) <= Intervals.CAP
+    assert len(spans) == 20_000 and stats.collectives == 20_000
+    lo, hi = spans[0][0], spans[-1][1]
+    assert stats.intervals.union_seconds(lo, hi) == pytest.approx(union_seconds(spans, lo, hi), rel=1e-12)
+
+
 def test_each_step_is_one_trace_across_ranks_with_one_root(steps_job):
     ws = steps_job["ws"]
     per_step = defaultdict(lambda: defaultdict(list))  # step -> trace -> spans
