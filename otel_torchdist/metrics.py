@@ -61,12 +61,11 @@ class MetricStore:
         error: bool,
         exemplar: tuple[int, int, int] | None = None,  # time_ns, trace_id, span_id of a sampled span
     ) -> None:
-        # Runs for every collective, on the drain thread: one lock, no call but the bisection. The lock is
-        # taken by its methods, not by ``with``: 0.1 us less a record (__exit__ takes three arguments).
+        # Runs for every collective, on the drain thread: one lock, no call but the bisection. (``with``, not
+        # acquire/try/release, though that costs 0.1 us less: a signal's exception raised between acquire()
+        # and the try, as on a flush from the main thread, would leave the lock held and the drain stuck.)
         i = _bisect_left(self.bounds, seconds)
-        lock = self._lock
-        lock.acquire()
-        try:
+        with self._lock:
             s = self._series.get((op, group))
             if s is None:
                 s = self._series[(op, group)] = Series([0] * (len(self.bounds) + 1), dur_min=seconds, dur_max=seconds)
@@ -83,8 +82,6 @@ class MetricStore:
                 s.errors += 1
             if exemplar is not None:
                 s.exemplars[i] = (seconds, exemplar[0], exemplar[1], exemplar[2])
-        finally:
-            lock.release()
 
     def snapshot(self) -> dict[tuple[str, str], Series]:
         with self._lock:

@@ -42,7 +42,7 @@ _INTERVALS_CAP = Intervals.CAP
 
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
-ROOM_WAIT_S = 0.05  # the longest a drain waits, once, for the export thread to take spans from a full queue
+ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take spans from a full queue
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
 
 
@@ -85,7 +85,7 @@ class Pipeline:
         self._in_flight_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._exporter: threading.Thread | None = None
-        self._room_waited = False  # this drain waited for room in the span queue in vain (see _room)
+        self._room_until: float | None = None  # when this drain stops waiting for room in the span queue (_room)
         self._last_metrics = time.monotonic()
         self._last_spans = time.monotonic()
         self._urgent = False
@@ -167,7 +167,7 @@ class Pipeline:
         deferred = record.DEFERRED
         count = 0
         with self._drain_lock:
-            self._room_waited = False
+            self._room_until = None
             # The wall clock, from the monotonic one: kept unless the wall clock stepped (NTP, by more than
             # OFFSET_STEP_NS), since a fresh reading each drain moved it by a few hundred ns, and spans that
             # touch (one step ends as the next begins) came out overlapping.
@@ -336,20 +336,25 @@ class Pipeline:
     def _room(self) -> bool:
         """Room in the full span queue, after a moment for the export thread to take a batch from it. It
         only waits for this thread to let go of the interpreter: dropping at once lost spans it had the
-        capacity to send (at 100 % tracing and 20 000 collectives a second, over half of them). A backend
-        that does not take a batch within ROOM_WAIT_S (slow, dead, the exporter stopped) is not waited for
-        again in this drain: the spans are dropped and counted, and the records still make their metrics."""
+        capacity to send (at 100 % tracing and 20 000 collectives a second, over half of them). Bounded so
+        that spans never cost the metrics: ROOM_WAIT_S in all per drain, and no wait once the record queue
+        is half full (records dropped there would be missing from the metrics). Past that, or with no
+        exporter to wait for (not started, stopped, no destination yet), spans are dropped and counted."""
         exporter = self._exporter
-        if self._room_waited or exporter is None or not exporter.is_alive() or self._stop.is_set():
+        if exporter is None or self.resource is None or self._stop.is_set() or not exporter.is_alive():
             return False
+        now = time.monotonic()
+        until = self._room_until
+        if until is None:
+            until = self._room_until = now + ROOM_WAIT_S
         limit = self.cfg.span_queue_size
         self._wake.set()
-        deadline = time.monotonic() + ROOM_WAIT_S
-        while time.monotonic() < deadline:
+        while now < until and len(record.QUEUE) < record._limit[0] // 2:
             time.sleep(0.001)
             if self.queued_spans() < limit:
                 return True
-        self._room_waited = True
+            now = time.monotonic()
+        self._room_until = now  # spent: no more waiting in this drain
         return False
 
     def add_span(self, span: SpanData) -> None:

@@ -888,6 +888,33 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")
 
 
+def test_an_exception_between_a_batchs_writes_leaves_no_torn_line(tmp_path, monkeypatch):
+    """A batch of 512 spans takes two vectored writes. An exception raised between them (a signal handler's
+    KeyboardInterrupt while the main thread flushes; simulated, since a signal cannot be aimed between two
+    system calls: os.writev raises on its second call) leaves no part-written line for the next to join."""
+    from otel_torchdist.export import sinks
+
+    sink = sinks.FileSink(str(tmp_path), 0, traces=True, metrics=False)
+    span = json.dumps({"pad": "z" * 20})
+    assert sink.export_span_fragments({"service.name": "t"}, [span] * 3)
+    real, calls = os.writev, []
+
+    def interrupted(fd, chunk):
+        calls.append(len(chunk))
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return real(fd, chunk)
+
+    monkeypatch.setattr(os, "writev", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        sink.export_span_fragments({"service.name": "t"}, [span] * 512)
+    monkeypatch.undo()
+    assert calls == [1024, 1] and sink.export_span_fragments({"service.name": "t"}, [span] * 2)
+    sink.shutdown()
+    batches = [json.loads(line) for line in open(tmp_path / "traces.rank0.jsonl")]
+    assert [len(b["resourceSpans"][0]["scopeSpans"][0]["spans"]) for b in batches] == [3, 2]
+
+
 def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop(fake_pg, instrumented):
     """A long run fills no disk: each JSON-lines file is rotated at ``file_max_bytes`` (one older copy
     kept), whatever is deleted is counted, and the reader takes both copies in time order."""

@@ -161,15 +161,16 @@ def test_trace_ranks_forms_and_errors():
 def test_a_burst_beyond_the_span_queue_waits_for_the_exporter_instead_of_dropping(fake_pg, instrumented):
     """A drain that makes more spans than the span queue holds lets the export thread take batches (it only
     waits for the interpreter) instead of dropping what it could send; a drain whose exporter does not take
-    any within a moment drops and counts them, as before (the black-hole backends of test_faults_export)."""
+    them within ROOM_WAIT_S in all drops and counts them, as before (the black-hole backends of
+    test_faults_export)."""
     from otel_torchdist import health
 
     health.reset()
     folder = instrumented(
-        run_id="burst", traces_sampler="always_on", max_spans_per_step=0, span_queue_size=64, span_batch_size=16,
+        run_id="burst", traces_sampler="always_on", max_spans_per_step=0, span_queue_size=128, span_batch_size=32,
         drain_interval=3600.0, max_queued_records=4096,
     )  # fmt: skip
-    for _ in range(1000):  # one drain's worth: 1000 spans for a queue of 64
+    for _ in range(1000):  # one drain's worth: 1000 spans for a queue of 128
         dist.all_reduce(torch.ones(4))
     otel_torchdist.flush()
     otel_torchdist.uninstrument()

@@ -84,8 +84,9 @@ _IOV_MAX = 1024  # pieces per vectored write (Linux's IOV_MAX)
 
 def _append_whole(fd: int, pieces: list[bytes]) -> None:
     """Append one line (the concatenated ``pieces``) or none: a full disk (or a file size limit) stops a
-    write part-way, and a torn line would make the file unreadable from there on, so the part written is
-    cut off again before raising."""
+    write part-way, and so does an exception a signal handler raises between two writes (a batch takes
+    two vectored writes: KeyboardInterrupt during a flush on the main thread); a torn line would make the
+    file unreadable from there on, so the part written is cut off again before raising."""
     start = os.fstat(fd).st_size
     try:
         for i in range(0, len(pieces), _IOV_MAX):
@@ -95,7 +96,7 @@ def _append_whole(fd: int, pieces: list[bytes]) -> None:
                 view = memoryview(b"".join(chunk))[written:]
                 while view:
                     view = view[os.write(fd, view) :]
-    except OSError:
+    except BaseException:
         try:
             os.ftruncate(fd, start)
         except OSError:
