@@ -105,7 +105,7 @@ def attributes_pb(field: int, pairs) -> bytes:
             out.append(t + varint(len(kv)) + kv)
             continue
         # A tuple's items may be equal and of other types ((1,) == (True,)): encoded every time, as a list is.
-        ck = (field, key, type(value), value) if type(value) is not tuple else None
+        ck = (field, key, type(value), value) if not isinstance(value, tuple) else None
         try:
             enc = cache.get(ck) if ck is not None else None
         except TypeError:  # an unhashable value (a list): encode it every time
@@ -204,7 +204,7 @@ def attributes_json(pairs) -> list[str]:
         elif t is int and not -_SMALL < value < _SMALL:
             out.append('%s{"intValue":"%d"}}' % (keys.get(key) or _key_json(key), value))
             continue
-        elif t is tuple:  # items may be equal and of other types ((1,) == (True,)): encoded every time
+        elif isinstance(value, tuple):  # items may be equal and of other types ((1,) == (True,)): encoded every time
             ck = None
         else:
             ck = (key, t, value)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import math
 import random
 import struct
+from collections import namedtuple
 
 import pytest
 import torch
@@ -47,6 +48,9 @@ class _F(float):
     pass
 
 
+_Pair = namedtuple("_Pair", "a b")
+
+
 ODD = [
     # values the native encoders hand to Python, keys and names it has not seen, ids at their limits
     otlp.SpanData("odd", 1, 2, None, 0, 1, [("nan", math.nan), ("inf", -math.inf), ("big", 2**70), ("min", -(2**63)),
@@ -55,7 +59,7 @@ ODD = [
     otlp.SpanData("spán \"name\"", (1 << 128) - 1, (1 << 64) - 1, (1 << 64) - 1, 2**62, 2**63 - 1, [("d", 1e-5)]),
     otlp.SpanData("zero_parent", 5, 6, 0, 1, 2, [], shared=((), SHARED)),
     otlp.SpanData("unsampled_remote", 5, 6, 7, 1, 2, [("x", 0.0)], sampled=False, remote_parent=True),
-    *(otlp.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
+    *(otlp.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", _Pair(x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
 ]
 
 

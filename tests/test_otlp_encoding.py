@@ -163,8 +163,11 @@ def test_span_json_writes_nan_attributes_as_strings():
 def test_equal_values_of_other_types_keep_their_own_encoding():
     """1, 1.0 and True are equal in Python, and so are tuples of them: no cache of encodings may hand one
     the other's (a block that is a plain tuple, an array value)."""
+    from collections import namedtuple
+
+    pair = namedtuple("pair", "a b")
     for x in (1, 1.0, True, 1, True):  # each after the others, so a shared cache entry would show
-        span = otlp.SpanData("s", 1, 2, None, 1, 2, [("v", (x, 2)), ("w", x)], shared=((("a", x),),))
+        span = otlp.SpanData("s", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", pair(x, 2)), ("w", x)], shared=((("a", x),),))
         expected = _reference(RESOURCE, [span])
         assert trace_service_pb2.ExportTraceServiceRequest.FromString(otlp.spans_to_proto(RESOURCE, [span])) == expected
         doc = json.loads(otlp.spans_to_json(RESOURCE, [span]))
