@@ -172,3 +172,19 @@ def test_equal_values_of_other_types_keep_their_own_encoding():
         assert trace_service_pb2.ExportTraceServiceRequest.FromString(otlp.spans_to_proto(RESOURCE, [span])) == expected
         doc = json.loads(otlp.spans_to_json(RESOURCE, [span]))
         assert json_format.ParseDict(_hex_ids_to_base64(doc), trace_service_pb2.ExportTraceServiceRequest()) == expected
+
+
+def test_a_request_built_in_one_join_is_the_nested_messages_bytes():
+    """trace_request_pb computes the nested lengths first and joins once; trace_request_json_pieces joins to
+    trace_request_json's text: the same bytes as building each message around the next."""
+    from otel_torchdist import wire
+
+    for count in (0, 1, 3, 700):  # 700 spans: lengths of three-byte varints
+        spans = (SPANS * 200)[:count]
+        fragments = [otlp.span_pb(s) for s in spans]
+        scope_spans = wire.length_delimited(1, otlp._scope_body()) + b"".join(fragments)
+        resource_msg = wire.length_delimited(1, wire.attributes_pb(1, list(RESOURCE.items())))
+        nested = wire.length_delimited(1, resource_msg + wire.length_delimited(2, scope_spans))
+        assert otlp.trace_request_pb(RESOURCE, fragments) == nested
+        texts = [otlp.span_json(s) for s in spans]
+        assert b"".join(otlp.trace_request_json_pieces(RESOURCE, texts)) == otlp.trace_request_json(RESOURCE, texts).encode()

@@ -217,15 +217,7 @@ class FileSink(Sink):
             return True
         # Written as pieces, one vectored write per thousand: a batch joined first and encoded was four
         # copies of about a megabyte on pages fresh from the kernel each time (two page faults a span).
-        head, tail = otlp.trace_request_frame(resource)
-        pieces = [head.encode()]
-        add = pieces.append
-        for fragment in fragments:
-            add(fragment.encode())
-            add(b",")
-        if fragments:
-            pieces.pop()
-        add(tail.encode() + b"\n")
+        pieces = otlp.trace_request_json_pieces(resource, fragments, "\n")
         return self._write_pieces(self.traces_path, pieces)
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
@@ -362,7 +354,7 @@ class OtlpHttpSink(Sink):
         if self.signal != "traces":
             return True
         if self.json:
-            return self._post(otlp.trace_request_json(resource, fragments).encode(), timeout)
+            return self._post(b"".join(otlp.trace_request_json_pieces(resource, fragments)), timeout)
         return self._post(otlp.trace_request_pb(resource, fragments), timeout)
 
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
