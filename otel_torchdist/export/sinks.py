@@ -88,10 +88,13 @@ def _append_whole(fd: int, pieces: list[bytes]) -> None:
     two vectored writes: KeyboardInterrupt during a flush on the main thread); a torn line would make the
     file unreadable from there on, so the part written is cut off again before raising."""
     start = os.fstat(fd).st_size
+    writev = getattr(os, "writev", None)
+    if writev is None:  # no vectored writes on this platform (Windows): one joined write
+        pieces, writev = [b"".join(pieces)], lambda fd, chunk: os.write(fd, chunk[0])
     try:
         for i in range(0, len(pieces), _IOV_MAX):
             chunk = pieces[i : i + _IOV_MAX]
-            written = os.writev(fd, chunk)
+            written = writev(fd, chunk)
             if written < sum(map(len, chunk)):  # a short write (a signal, a size limit): the rest one by one
                 view = memoryview(b"".join(chunk))[written:]
                 while view:
