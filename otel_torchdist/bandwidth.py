@@ -40,6 +40,11 @@ def bus_factor(kind: str, n: int) -> float:
     raise ValueError(f"unknown collective kind {kind!r}")
 
 
+# bus_factor by (kind, ranks), filled as met: the drain reads it per record (and per traced span) inline,
+# without a call. A group of no ranks has 0.0 here (bus_factor refuses it).
+FACTORS: dict[tuple[str, int], float] = {}
+
+
 def algbw_gbps(message_size: int, seconds: float) -> float | None:
     """``S / t`` in GB/s; None where it is undefined (no payload or no measurable time)."""
     if message_size <= 0 or seconds <= 0:

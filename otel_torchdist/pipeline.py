@@ -37,7 +37,7 @@ _BY_ID = groups.BY_ID
 _GROUP, _GPU_NS, _T_START, _T_END, _NBYTES, _KIND = R.GROUP, R.GPU_NS, R.T_START, R.T_END, R.NBYTES, R.KIND
 _STEPCTX, _PARENT, _CTX, _OP, _ERROR, _SEQ, _END = R.STEPCTX, R.PARENT, R.CTX, R.OP, R.ERROR, R.SEQ, R.END
 _END_UNFINISHED = n.END_UNFINISHED
-_bus_factors: dict[tuple[str, int], float] = {}
+_bus_factors = bw.FACTORS
 _INTERVALS_CAP = Intervals.CAP
 
 

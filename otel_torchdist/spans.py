@@ -121,7 +121,7 @@ def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
     return static
 
 
-_BUS_FACTORS: dict[tuple[str, int], float] = {}
+_BUS_FACTORS = bw.FACTORS
 _T_START, _T_END, _OP, _EXTRA, _SEQ, _KIND, _NBYTES = R.T_START, R.T_END, R.OP, R.EXTRA, R.SEQ, R.KIND, R.NBYTES
 _DURATION, _SEQ_KEY, _ALGBW, _BUSBW, _BARRIER = n.COLL_DURATION, n.COLL_SEQ, n.COLL_ALGBW, n.COLL_BUSBW, bw.BARRIER
 

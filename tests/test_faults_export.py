@@ -846,6 +846,11 @@ def test_deploy_stack_has_no_secret_to_edit_and_says_how_to_set_one():
     assert "GF_ADMIN_PASSWORD" in security and "deploy/.env" in security and "openssl rand" in security
 
 
+def _spans_per_line(path) -> list[int]:
+    """Spans in each line of a traces file, every line parsed (a torn one fails)."""
+    return [len(json.loads(line)["resourceSpans"][0]["scopeSpans"][0]["spans"]) for line in open(path)]
+
+
 def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     """A full disk stops a write part-way (here a real file-size limit, RLIMIT_FSIZE, does: the kernel's
     EFBIG where a disk gives ENOSPC). The run folder's files keep whole lines and whole documents."""
@@ -882,8 +887,7 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
     lines = open(tmp_path / "traces.rank0.jsonl").read().splitlines()
     assert [json.loads(line)["i"] for line in lines] == [0, 1]  # the third was cut back, not left torn
     for folder, sizes in (("batches", [1500]), ("limited", [3])):
-        batches = [json.loads(line) for line in open(tmp_path / folder / "traces.rank0.jsonl").read().splitlines()]
-        assert [len(b["resourceSpans"][0]["scopeSpans"][0]["spans"]) for b in batches] == sizes
+        assert _spans_per_line(tmp_path / folder / "traces.rank0.jsonl") == sizes
     assert json.load(open(tmp_path / "summary.rank0.json")) == {"a": 1}
     assert not os.path.exists(tmp_path / "summary.rank0.json.tmp")
 
@@ -911,8 +915,7 @@ def test_an_exception_between_a_batchs_writes_leaves_no_torn_line(tmp_path, monk
     monkeypatch.undo()
     assert calls == [1024, 1] and sink.export_span_fragments({"service.name": "t"}, [span] * 2)
     sink.shutdown()
-    batches = [json.loads(line) for line in open(tmp_path / "traces.rank0.jsonl")]
-    assert [len(b["resourceSpans"][0]["scopeSpans"][0]["spans"]) for b in batches] == [3, 2]
+    assert _spans_per_line(tmp_path / "traces.rank0.jsonl") == [3, 2]
 
 
 def test_a_batch_is_one_line_where_there_are_no_vectored_writes(tmp_path, monkeypatch):
@@ -926,8 +929,7 @@ def test_a_batch_is_one_line_where_there_are_no_vectored_writes(tmp_path, monkey
     assert sink.export_span_fragments({"service.name": "t"}, [span] * 1500)
     assert sink.export_span_fragments({"service.name": "t"}, [span] * 2)
     sink.shutdown()
-    batches = [json.loads(line) for line in open(tmp_path / "traces.rank0.jsonl")]
-    assert [len(b["resourceSpans"][0]["scopeSpans"][0]["spans"]) for b in batches] == [1500, 2]
+    assert _spans_per_line(tmp_path / "traces.rank0.jsonl") == [1500, 2]
 
 
 def test_run_folder_files_rotate_at_file_max_bytes_and_count_the_spans_they_drop(fake_pg, instrumented):

@@ -420,14 +420,8 @@ PyObject* span_pb(PyObject*, PyObject* s) {
   little_endian(body, uint64_t(f.end_ns), 8);
   for (Py_ssize_t i = 0, n = PyTuple_GET_SIZE(f.shared.p); i < n; ++i) {
     PyObject* block = PyTuple_GET_ITEM(f.shared.p, i);
-    PyObject* hit = PyDict_GetItemWithError(G.block_pb_cache, block);
-    Ref enc(hit != nullptr ? Py_NewRef(hit) : nullptr);
-    if (enc.p == nullptr) {
-      if (PyErr_Occurred()) return nullptr;
-      enc.p = PyObject_CallFunctionObjArgs(G.block_pb, G.nine, block, nullptr);
-      if (enc.p == nullptr) return nullptr;
-    }
-    if (!append_bytes(body, enc.p)) return nullptr;
+    Ref enc(cached(G.block_pb_cache, block, G.block_pb, G.nine, block));
+    if (enc.p == nullptr || !append_bytes(body, enc.p)) return nullptr;
   }
   for (Py_ssize_t i = 0; i < PyList_GET_SIZE(f.attributes.p); ++i) {
     PyObject* pair = Py_NewRef(PyList_GET_ITEM(f.attributes.p, i));
