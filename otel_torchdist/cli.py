@@ -286,7 +286,7 @@ def cmd_build_native(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         native.load()
     except native.NativeBuildError as exc:
         raise _Failed(str(exc)) from None
-    print(f"built {path} in {time.monotonic() - started:.0f} s; instrument() uses it for DDP on gloo, the common collective call and encoding spans")
+    print(f"built {path} in {time.monotonic() - started:.0f} s; instrument() uses it for DDP on gloo, the common collective call, the metrics and encoding spans")
     return 0
 
 

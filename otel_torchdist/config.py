@@ -174,10 +174,12 @@ class Config:
     native: str = "auto"
     """The native part (C++, ``otel_torchdist/native``) that records DDP's reducer on gloo without a comm
     hook, sparing DDP the hook's pass over every bucket, takes the common ``torch.distributed`` call
-    (one plain tensor, blocking) in C++ instead of Python, and encodes spans (OTLP protobuf and JSON, the
-    same bytes as the Python encoders). ``auto``: used when built (``otel-torchdist build-native``, once
-    per torch version), else DDP is captured through its comm hook and every call and span in Python. ``build``: compile it at ``instrument()`` when missing (about a minute; needs a C++ compiler and
-    ninja). ``off``: the comm hook and Python always. Env: ``OTEL_TORCHDIST_NATIVE``."""
+    (one plain tensor, blocking) in C++ instead of Python, folds the collectives of unsampled steps into
+    the metrics and encodes spans (OTLP protobuf and JSON, the same bytes as the Python encoders).
+    ``auto``: used when built (``otel-torchdist build-native``, once per torch version), else DDP is
+    captured through its comm hook and every call, record and span handled in Python. ``build``: compile it
+    at ``instrument()`` when missing (about a minute; needs a C++ compiler and ninja). ``off``: the comm
+    hook and Python always. Env: ``OTEL_TORCHDIST_NATIVE``."""
 
     log_level: str = "WARNING"
     """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:

@@ -26,7 +26,7 @@ from .capture import ddp_native, groups, record
 from .capture import record as R
 from .config import Config
 from .export.sinks import Sink
-from .metrics import FrameworkMetrics, MetricStore, collective_metrics, health_metrics
+from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, new_trace_id
@@ -50,7 +50,8 @@ class Pipeline:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
         self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
-        self.store = MetricStore(self.bounds)
+        self.store: Any = MetricStore(self.bounds)  # or native/fold.cpp's (use_native)
+        self._fold: Any = None  # native/fold.cpp's fold(store, step_stats, queue), with its store
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         self.traced = True  # False on a rank trace_ranks leaves out (stop_tracing)
         # Sampled spans wait for export already encoded, one deque per wire format the sinks want
@@ -202,10 +203,38 @@ class Pipeline:
             self._wake.set()
         return count
 
+    def use_native(self, mod: Any) -> None:
+        """Fold unsampled records and keep the collective metrics in C (``native/fold.cpp``: the same
+        series, without Pipeline.process's interpreter cost for the records that make no span). A store that
+        already holds series stays in Python: its numbers are not moved while exporters may read them."""
+        with self._drain_lock:
+            if self.store.snapshot():
+                return
+            mod.fold_setup(
+                {"by_id": _BY_ID, "factors": _bus_factors, "end_unfinished": _END_UNFINISHED, "intervals_cap": _INTERVALS_CAP}
+            )
+            self.store = mod.MetricStore(self.bounds, Series)
+            self._fold = mod.fold
+
     def _process_all(self, q: deque) -> int:
         count = 0
         process = self.process
+        fold = self._fold
+        store, step_stats = self.store, self.step_stats
         while q:
+            if fold is not None:
+                try:
+                    folded = fold(store, step_stats, q)  # the unsampled records at the front (fold.cpp)
+                except Exception as exc:
+                    # The rest of this turn goes through process(), which reports a bad record's error
+                    # itself, and no failure that leaves a record at the front can repeat for ever.
+                    health.error("pipeline", "could not fold a record into the metrics", exc)
+                    fold = None
+                    count += 1  # the record it failed on, taken (it reads a record whole before taking it)
+                    continue
+                if folded:  # a batch (or up to a record for process, or to the end): more may follow
+                    count += folded
+                    continue
             try:
                 rec = q.popleft()
             except IndexError:

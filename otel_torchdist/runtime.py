@@ -155,6 +155,11 @@ class Runtime:
             otlp.use_native(ddp_native.module())
         except Exception as exc:
             health.error("native", "the native span encoders could not be set up; spans are encoded in Python", exc)
+        if ddp_native.module() is not None:
+            try:
+                self.pipeline.use_native(ddp_native.module())
+            except Exception as exc:
+                health.error("native", "the native metric fold could not be set up; records are folded in Python", exc)
         try:
             ddp.adopt_existing()
         except Exception as exc:

@@ -56,7 +56,7 @@ def test_builds_are_kept_apart_by_torch_python_and_source(tmp_path, monkeypatch)
 
     whole = hashlib.sha256(b"".join(s.read_bytes() for s in native.SOURCES + native.HEADERS)).hexdigest()[:12]
     assert name.endswith(whole)
-    assert {s.name for s in native.SOURCES + native.HEADERS} == {"timed_group.cpp", "hot_path.cpp", "encode.cpp", "common.h"}
+    assert {s.name for s in native.SOURCES + native.HEADERS} == {"timed_group.cpp", "hot_path.cpp", "encode.cpp", "fold.cpp", "common.h"}
     assert {p.name for p in Path(native.__file__).parent.iterdir() if p.suffix in (".cpp", ".h")} == {
         s.name for s in native.SOURCES + native.HEADERS
     }  # every file the build reads

@@ -1,6 +1,7 @@
 """otel-torchdist's native part: a C++ process group that records DDP's reducer without Python, the c10d
-wrapper's common case in C++ (``hot_path.cpp``, see ``capture/native_hot.py``), and the span encoders the
-drain thread uses (``encode.cpp``, see ``otlp.use_native``).
+wrapper's common case in C++ (``hot_path.cpp``, see ``capture/native_hot.py``), and on the drain thread the
+span encoders (``encode.cpp``, see ``otlp.use_native``) and the fold of unsampled records into the metrics
+(``fold.cpp``, see ``Pipeline.use_native``).
 
 DDP's reducer issues the gradient all-reduces from C++. Capturing them from Python takes a comm hook, and
 any comm hook costs DDP a pass over each bucket (without one the reducer scales gradients while copying
@@ -29,10 +30,10 @@ from types import ModuleType
 
 _log = logging.getLogger("otel_torchdist")
 
-SOURCES = tuple(Path(__file__).with_name(f) for f in ("timed_group.cpp", "hot_path.cpp", "encode.cpp"))
+SOURCES = tuple(Path(__file__).with_name(f) for f in ("timed_group.cpp", "hot_path.cpp", "encode.cpp", "fold.cpp"))
 HEADERS = (Path(__file__).with_name("common.h"),)
 NAME = "otel_torchdist_native"
-VERSION = 3  # the C++ module's kVersion this Python side speaks
+VERSION = 4  # the C++ module's kVersion this Python side speaks
 
 _lock = threading.Lock()
 _loaded: ModuleType | None = None

@@ -6,6 +6,13 @@
 
 namespace otel_native {
 
+namespace record {  // a record's fields (capture/record.py), in its order
+enum : Py_ssize_t {
+  kOp, kKind, kSource, kGroup, kSeq, kTStart, kTEnd, kNbytes, kDtype, kShapes, kNumel, kNtensors, kAsync, kRoot,
+  kPeer, kRedop, kEnd, kError, kParent, kExtra, kGpuNs, kInner, kCtx, kBwd, kStepCtx, kFields
+};
+}  // namespace record
+
 int64_t now_ns();  // timed_group.cpp: time.perf_counter_ns()'s clock
 
 struct Ref {  // an owned reference

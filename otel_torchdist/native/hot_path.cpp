@@ -23,11 +23,7 @@ namespace {
 using otel_native::now_ns;
 using otel_native::Ref;
 
-// Record fields (record.py)
-enum : Py_ssize_t {
-  kOp, kKind, kSource, kGroup, kSeq, kTStart, kTEnd, kNbytes, kDtype, kShapes, kNumel, kNtensors, kAsync, kRoot,
-  kPeer, kRedop, kEnd, kError, kParent, kExtra, kGpuNs, kInner, kCtx, kBwd, kStepCtx, kFields
-};
+using namespace otel_native::record;
 
 // Strong references, set by setup() and kept for the process (a module is never unloaded).
 struct Globals {

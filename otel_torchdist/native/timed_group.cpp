@@ -43,7 +43,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 3;
+constexpr int kVersion = 4;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -335,6 +335,9 @@ int add_to(PyObject* module);  // hot_path.cpp: the c10d wrapper's common case
 namespace otel_encode {
 int add_to(PyObject* module);  // encode.cpp: a span's OTLP encodings
 }
+namespace otel_fold {
+int add_to(PyObject* module);  // fold.cpp: the metric store and the fold of unsampled records
+}
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module::import("torch.distributed");  // registers the ProcessGroup type this one derives from
@@ -351,6 +354,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");
   m.def("slots", [] { return py::memoryview::from_memory(slots, sizeof(slots), false); },
         "The two int64 the Python side writes: the current step's index, the batch number.");
-  if (otel_hot::add_to(m.ptr()) < 0 || otel_encode::add_to(m.ptr()) < 0) throw py::error_already_set();
+  if (otel_hot::add_to(m.ptr()) < 0 || otel_encode::add_to(m.ptr()) < 0 ||
+      otel_fold::add_to(m.ptr()) < 0) throw py::error_already_set();
   m.attr("VERSION") = kVersion;
 }

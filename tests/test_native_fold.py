@@ -1,0 +1,173 @@
+"""The native fold of unsampled records (native/fold.cpp, Pipeline.use_native): the same metrics, step
+stats and completed sequence numbers as Pipeline.process, record for record, on the records real calls
+make; its store the same snapshot as metrics.MetricStore. The rest of the suite's metric checks (counts
+against CommDebugMode, Prometheus, the run folder) go through it wherever the native part is built."""
+
+from __future__ import annotations
+
+import math
+import random
+from collections import deque
+
+import pytest
+import torch
+import torch.distributed as dist
+from opentelemetry import trace
+
+import otel_torchdist
+from otel_torchdist import native, runtime
+from otel_torchdist.capture import groups
+from otel_torchdist.capture import record as R
+from otel_torchdist.config import Config
+from otel_torchdist.metrics import MetricStore, Series
+from otel_torchdist.pipeline import Pipeline
+
+
+@pytest.fixture
+def mod(native_built):
+    return native.load()
+
+
+class _S(str):
+    pass
+
+
+def _without_span_ids(snapshot: dict) -> dict:
+    """Snapshots of two runs: the exemplars' times and ids differ, their buckets and values not."""
+    return {k: (s.buckets, s.count, s.errors, s.bytes, s.bus_bytes, s.dur_sum, s.dur_min, s.dur_max,
+                {i: e[0] for i, e in s.exemplars.items()}) for k, s in snapshot.items()}  # fmt: skip
+
+
+def test_the_native_store_keeps_the_python_stores_series(mod):
+    rng = random.Random(3)
+    bounds = (0.001, 0.01, 0.1, 1.0)
+    ours, theirs = mod.MetricStore(bounds, Series), MetricStore(bounds)
+    assert ours.bounds == bounds and ours.snapshot() == {}
+    for i in range(20_000):
+        op = rng.choice(["all_reduce", "broadcast", _S("all_reduce"), "".join(["all_", "gather"])])
+        group = rng.choice(["default_pg", "tp", _S("tp")])
+        seconds = rng.choice([0.0, 0.001, 0.01, 1.0, 5.0, rng.random() / 10, rng.random() * 1e-6])
+        nbytes = rng.choice([0, 4096, rng.randrange(1 << 40), 1 << 62])  # past 2**63 in sum: exact
+        exemplar = (i, rng.getrandbits(128), rng.getrandbits(64)) if i % 97 == 0 else None
+        for store in (ours, theirs):
+            store.observe(op, group, seconds, nbytes, nbytes * 1.5, i % 13 == 0, exemplar)
+    snapshot = ours.snapshot()
+    assert snapshot == theirs.snapshot() and len(snapshot) == 6
+    assert all(type(k[0]) is str and type(k[1]) is str for k in snapshot)  # subclasses merged as plain str
+    assert max(s.bytes for s in snapshot.values()) > 2**63
+    snapshot[("broadcast", "tp")].buckets[0] += 1  # a copy
+    assert ours.snapshot() == theirs.snapshot()
+
+
+def test_the_native_store_refuses_what_python_refuses_without_a_trace(mod):
+    ours, theirs = mod.MetricStore((1.0,), Series), MetricStore((1.0,))
+    for args in (
+        ("op", "g", 0.5, 1, 1.0),  # no error flag
+        ("op", "g", "0.5", 1, 1.0, False),
+        ("op", "g", 0.5, 1, 1.0, False, (1, 2)),  # an exemplar is (time_ns, trace_id, span_id)
+    ):
+        try:
+            theirs.observe(*args)
+        except Exception as exc:
+            with pytest.raises(type(exc)):
+                ours.observe(*args)
+        else:
+            raise AssertionError(f"the Python store took {args}")
+    with pytest.raises(TypeError):  # names are strings (the Python store would take any key)
+        ours.observe(1, "g", 0.5, 1, 1.0, False)
+    assert ours.snapshot() == {}  # (the Python store had counted the last one before its exemplar failed)
+    ours.observe("op", "g", math.inf, 1, 1.0, False)
+    assert ours.snapshot()[("op", "g")].buckets == [0, 1]
+
+
+def _records(world: int) -> list[tuple]:
+    """Records of real calls: unsampled and sampled steps, calls outside steps and under a caller's span,
+    an asynchronous call, a failing one, several groups and kinds."""
+    tp = dist.new_group([0, 1])
+    tracer = trace.get_tracer("test")
+    for index in range(1, 7):
+        with otel_torchdist.step(index):
+            for _ in range(5):
+                dist.all_reduce(torch.ones(4))
+                dist.broadcast(torch.ones(3, 2), src=1)
+                dist.all_gather_into_tensor(torch.empty(4 * world), torch.ones(4))
+                dist.all_reduce(torch.ones(8), group=tp)
+                dist.barrier()
+            dist.all_reduce(torch.ones(4, dtype=torch.float16), async_op=True).wait()
+            with pytest.raises(Exception):
+                dist.all_reduce(torch.ones(2), op="not an op")  # fails in the call: its record carries the error
+            if index == 2:
+                with tracer.start_as_current_span("user"):
+                    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4))  # outside any step
+    return list(R.QUEUE)
+
+
+def _fold_state(pipeline: Pipeline, records: list[tuple]) -> tuple:
+    for gi in groups.BY_ID:
+        gi.last_completed = 0
+    count = pipeline._process_all(deque(records))
+    steps = {k: (v.intervals.tail, v.collectives, v.nbytes, v.spans) for k, v in pipeline.step_stats.items()}
+    return count, _without_span_ids(pipeline.store.snapshot()), steps, [gi.last_completed for gi in groups.BY_ID]
+
+
+def test_fold_leaves_the_same_state_as_process_record_for_record(mod, fake_pg, instrumented):
+    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=3)
+    records = _records(dist.get_world_size())
+    unsampled = [r for r in records if r[R.STEPCTX] is not None and r[R.STEPCTX][3] is False and r[R.PARENT] is None]
+    assert len(records) > 150 and 0 < len(unsampled) < len(records)  # both paths are exercised
+    assert any(r[R.ERROR] is not None for r in unsampled) and any(r[R.SEQ] for r in unsampled)
+    python = Pipeline(Config())
+    ours = Pipeline(Config())
+    ours.use_native(mod)
+    assert isinstance(ours.store, mod.MetricStore) and ours._fold is mod.fold
+    folded = []
+    ours._fold = lambda *args: folded.append(mod.fold(*args)) or folded[-1]
+    expected = _fold_state(python, records)
+    assert _fold_state(ours, records) == expected
+    assert sum(folded) > 0.9 * len(unsampled)  # all but a step's first record and a group size's first
+    assert expected[0] == len(records) and expected[2] and any(expected[3])
+
+
+def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fake_pg, instrumented):
+    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
+    with otel_torchdist.step(1):
+        for _ in range(600):
+            dist.all_reduce(torch.ones(4))
+    records = list(R.QUEUE)
+    pipeline = Pipeline(Config())
+    pipeline.use_native(mod)
+    q = deque(records)
+    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 0  # its step is not open: process() opens it
+    pipeline.process(q.popleft())
+    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 256  # then returns to the interpreter
+    q.insert(10, ["not", "a", "record"])
+    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 10
+    assert q[0] == ["not", "a", "record"] and len(q) == len(records) - 267 + 1
+
+
+def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(mod, fake_pg, instrumented):
+    from otel_torchdist import health
+    from otel_torchdist.steps import StepStats
+
+    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
+    with otel_torchdist.step(1):
+        for _ in range(5):
+            dist.all_reduce(torch.ones(4))
+    records = list(R.QUEUE)
+    pipeline = Pipeline(Config())
+    pipeline.use_native(mod)
+    stats = pipeline.step_stats[records[0][R.STEPCTX][0]] = StepStats()
+    stats.collectives = "not a count"  # fold's update of it fails once the record is taken
+    before = health.errors().get("pipeline", 0)
+    assert pipeline._process_all(deque(records)) == 5  # each counted once, none left behind, no loop
+    assert health.errors().get("pipeline", 0) == before + 5  # the fold's failure, then process()'s four
+
+
+def test_instrument_folds_with_the_native_part_and_native_off_in_python(fake_pg, instrumented, native_built):
+    module = native.load()
+    instrumented(native="auto", drain_interval=3600.0)
+    assert isinstance(runtime.current().pipeline.store, module.MetricStore)
+    otel_torchdist.uninstrument()
+    instrumented(native="off", drain_interval=3600.0)
+    assert isinstance(runtime.current().pipeline.store, MetricStore)
