@@ -111,21 +111,26 @@ def _fold_state(pipeline: Pipeline, records: list[tuple]) -> tuple:
     return count, _without_span_ids(pipeline.store.snapshot()), steps, [gi.last_completed for gi in groups.BY_ID]
 
 
-def test_fold_leaves_the_same_state_as_process_record_for_record(mod, fake_pg, instrumented):
+@pytest.mark.parametrize("sampler", [None, "always_off"])
+def test_fold_leaves_the_same_state_as_process_record_for_record(mod, fake_pg, instrumented, sampler):
     instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=3)
     records = _records(dist.get_world_size())
-    unsampled = [r for r in records if r[R.STEPCTX] is not None and r[R.STEPCTX][3] is False and r[R.PARENT] is None]
-    assert len(records) > 150 and 0 < len(unsampled) < len(records)  # both paths are exercised
-    assert any(r[R.ERROR] is not None for r in unsampled) and any(r[R.SEQ] for r in unsampled)
-    python = Pipeline(Config())
-    ours = Pipeline(Config())
+    if sampler is None:  # an unsampled step's records; the others make spans
+        ours_too = [r for r in records if r[R.STEPCTX] is not None and r[R.STEPCTX][3] is False and r[R.PARENT] is None]
+    else:  # no root sampled (a rank trace_ranks leaves out): also those outside a step
+        ours_too = [r for r in records if (r[R.STEPCTX] is None or r[R.STEPCTX][3] is False) and r[R.PARENT] is None]
+        assert any(r[R.STEPCTX] is None for r in ours_too)
+    assert len(records) > 150 and 0 < len(ours_too) < len(records)  # both paths are exercised
+    assert any(r[R.ERROR] is not None for r in ours_too) and any(r[R.SEQ] for r in ours_too)
+    python = Pipeline(Config(traces_sampler=sampler))
+    ours = Pipeline(Config(traces_sampler=sampler))
     ours.use_native(mod)
     assert isinstance(ours.store, mod.MetricStore) and ours._fold is mod.fold
     folded = []
     ours._fold = lambda *args: folded.append(mod.fold(*args)) or folded[-1]
     expected = _fold_state(python, records)
     assert _fold_state(ours, records) == expected
-    assert sum(folded) > 0.9 * len(unsampled)  # all but a step's first record and a group size's first
+    assert sum(folded) > 0.9 * len(ours_too)  # all but a step's first record and a group size's first
     assert expected[0] == len(records) and expected[2] and any(expected[3])
 
 
@@ -138,11 +143,11 @@ def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fak
     pipeline = Pipeline(Config())
     pipeline.use_native(mod)
     q = deque(records)
-    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 0  # its step is not open: process() opens it
+    assert mod.fold(pipeline.store, pipeline.step_stats, q, False) == 0  # its step is not open: process() opens it
     pipeline.process(q.popleft())
-    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 256  # then returns to the interpreter
+    assert mod.fold(pipeline.store, pipeline.step_stats, q, False) == 256  # then returns to the interpreter
     q.insert(10, ["not", "a", "record"])
-    assert mod.fold(pipeline.store, pipeline.step_stats, q) == 10
+    assert mod.fold(pipeline.store, pipeline.step_stats, q, False) == 10
     assert q[0] == ["not", "a", "record"] and len(q) == len(records) - 267 + 1
 
 

@@ -5,12 +5,14 @@
 // Pipeline.process cost about 1.7 us a record in Python.
 //
 // fold() takes records from the left of the queue while they are ones it handles; it leaves the first
-// other one (a sampled step's, one outside a step or under a caller's span, a step the drain has not opened,
+// other one (a sampled step's, one under a caller's span, one outside a step unless no root is sampled (a
+// rank trace_ranks leaves out, the always_off samplers), a step the drain has not opened,
 // a group size whose bus factor is not known yet, anything unusual) at the front for Pipeline.process. It
 // reads everything a record needs before taking it, so a record is either folded whole or left as it was.
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
-// MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue) per drain turn.
+// MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled)
+// per drain turn.
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -302,12 +304,15 @@ struct FactorMemo {
 
 // 1: `rec` read into `r`, one to fold; 0: one for Pipeline.process (nothing read is kept); -1: an error
 // that is not the record's (a BaseException such as KeyboardInterrupt) to pass on.
-int read(PyObject* rec, Read& r, PyObject* step_stats, FactorMemo& memo) {
+int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, FactorMemo& memo) {
   if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != kFields) return 0;
   PyObject* step = PyTuple_GET_ITEM(rec, kStepCtx);
   // An unsampled step's record, not under a caller's span nor a framework context's parent: Pipeline.process's
-  // common case, whose span is not made and whose trace is not needed.
-  if (!PyTuple_CheckExact(step) || PyTuple_GET_SIZE(step) < 4 || PyTuple_GET_ITEM(step, 3) != Py_False) return 0;
+  // common case, whose span is not made and whose trace is not needed. Outside a step, the record is a
+  // trace's root, unsampled when the sampler keeps no root.
+  if (step == Py_None ? !roots_unsampled
+                      : !PyTuple_CheckExact(step) || PyTuple_GET_SIZE(step) < 4 || PyTuple_GET_ITEM(step, 3) != Py_False)
+    return 0;
   if (PyTuple_GET_ITEM(rec, kParent) != Py_None) return 0;
   PyObject* fw = PyTuple_GET_ITEM(rec, kCtx);
   if (fw != Py_None && (!PyTuple_CheckExact(fw) || PyTuple_GET_SIZE(fw) < 4 || PyTuple_GET_ITEM(fw, 3) != Py_None)) return 0;
@@ -332,8 +337,10 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, FactorMemo& memo) {
     if (__builtin_sub_overflow(end, start, &elapsed)) goto other;
     r.seconds = elapsed > 0 ? static_cast<double>(elapsed) / 1e9 : 0.0;
   }
-  r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, PyTuple_GET_ITEM(step, 0)));
-  if (r.stats.p == nullptr) goto other;  // not opened yet: Pipeline.process opens it
+  if (step != Py_None) {
+    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, PyTuple_GET_ITEM(step, 0)));
+    if (r.stats.p == nullptr) goto other;  // not opened yet: Pipeline.process opens it
+  }
   r.gi.p = Py_NewRef(PyList_GET_ITEM(G.by_id, g));
   {
     Ref size(PyObject_GetAttr(r.gi.p, G.s_size));
@@ -354,11 +361,14 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, FactorMemo& memo) {
     }
   }
   r.label.p = PyObject_GetAttr(r.gi.p, G.s_label);
-  r.intervals.p = r.label.p ? PyObject_GetAttr(r.stats.p, G.s_intervals) : nullptr;
-  r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
-  r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
-  r.step_nbytes.p = r.collectives.p ? PyObject_GetAttr(r.stats.p, G.s_nbytes) : nullptr;
-  if (r.step_nbytes.p == nullptr || !PyList_CheckExact(r.tail.p) || !PyUnicode_CheckExact(r.label.p)) goto other;
+  if (r.label.p == nullptr || !PyUnicode_CheckExact(r.label.p)) goto other;
+  if (r.stats.p != nullptr) {
+    r.intervals.p = PyObject_GetAttr(r.stats.p, G.s_intervals);
+    r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
+    r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
+    r.step_nbytes.p = r.collectives.p ? PyObject_GetAttr(r.stats.p, G.s_nbytes) : nullptr;
+    if (r.step_nbytes.p == nullptr || !PyList_CheckExact(r.tail.p)) goto other;
+  }
   return 1;
 other:
   // Pipeline.process takes it from here and meets the same error, if any, where it reports errors; an
@@ -370,8 +380,8 @@ other:
   return 0;
 }
 
-// Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set.
-int fold_one(StoreObject* store, PyObject* rec, Read& r) {
+// A step's intervals, count and bytes, with `rec`'s: 0, or -1 with an error set.
+int update_step(PyObject* rec, Read& r) {
   Ref interval(PyTuple_Pack(2, PyTuple_GET_ITEM(rec, kTStart), PyTuple_GET_ITEM(rec, kTEnd)));
   if (interval.p == nullptr || PyList_Append(r.tail.p, interval.p) < 0) return -1;
   if (PyList_GET_SIZE(r.tail.p) >= G.cap) {
@@ -385,6 +395,12 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r) {
   if (step_nbytes.p == nullptr || PyObject_SetAttr(r.stats.p, G.s_collectives, collectives.p) < 0 ||
       PyObject_SetAttr(r.stats.p, G.s_nbytes, step_nbytes.p) < 0)
     return -1;
+  return 0;
+}
+
+// Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set.
+int fold_one(StoreObject* store, PyObject* rec, Read& r) {
+  if (r.stats.p != nullptr && update_step(rec, r) < 0) return -1;
   PyObject* error = PyTuple_GET_ITEM(rec, kError);
   if (observe(store, PyTuple_GET_ITEM(rec, kOp), r.label.p, r.seconds, r.nbytes, static_cast<double>(r.nbytes) * r.factor,
               error != Py_None, nullptr) < 0)
@@ -402,8 +418,8 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r) {
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 3 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, step_stats: dict, queue: deque)");
+  if (nargs != 4 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1])) {
+    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool)");
     return nullptr;
   }
   if (!G.ready) {
@@ -412,6 +428,8 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
   }
   StoreObject* store = reinterpret_cast<StoreObject*>(args[0]);
   PyObject *step_stats = args[1], *queue = args[2];
+  int roots_unsampled = PyObject_IsTrue(args[3]);
+  if (roots_unsampled < 0) return nullptr;
   Ref popleft(PyObject_GetAttr(queue, G.s_popleft));
   if (popleft.p == nullptr) return nullptr;
   FactorMemo memo;
@@ -425,7 +443,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Ref rec(PySequence_GetItem(queue, 0));
     if (rec.p == nullptr) return nullptr;
     Read r;
-    int ours = read(rec.p, r, step_stats, memo);
+    int ours = read(rec.p, r, step_stats, roots_unsampled, memo);
     if (ours < 0) return nullptr;
     if (ours == 0) break;
     Ref taken(PyObject_CallNoArgs(popleft.p));  // only this thread takes from the left (the drain's lock)
@@ -478,7 +496,7 @@ PyObject* setup(PyObject*, PyObject* config) {
 PyMethodDef kMethods[] = {
     {"fold_setup", &setup, METH_O, "fold_setup(dict): the objects fold() reads (Pipeline.use_native)."},
     {"fold", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fold)), METH_FASTCALL,
-     "fold(store, step_stats, queue): folds the unsampled records at the queue's front; how many."},
+     "fold(store, step_stats, queue, roots_unsampled): folds the unsampled records at the queue's front; how many."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
