@@ -44,6 +44,8 @@ _INTERVALS_CAP = Intervals.CAP
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
 ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take spans from a full queue
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
+STEPS_OPEN = 64  # steps open past which those older than the last closed step are forgotten (open_step_stats)
+STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
 
 
 class Pipeline:
@@ -304,9 +306,16 @@ class Pipeline:
         self.sampler = Sampler("always_off", 0.0)
 
     def open_step_stats(self, index: int) -> StepStats:
-        if len(self.step_stats) > 64:  # steps nobody closed (explicit steps left open): forget
-            del self.step_stats[next(iter(self.step_stats))]
-        stats = self.step_stats[index] = StepStats()
+        table = self.step_stats
+        if len(table) > STEPS_OPEN:
+            # A step nobody closed (an explicit step left open) is forgotten once a later step has closed;
+            # not merely the oldest open one: a drain takes all its records before it runs their steps'
+            # closes, so with short steps (1 ms steps, a drain every 200 ms) it holds hundreds of open steps,
+            # all still to close, whose stats (collectives, bytes, wait) their closes need.
+            oldest = next(iter(table))
+            if oldest < self.last_closed_step or len(table) > STEPS_OPEN_MAX:
+                del table[oldest]
+        stats = table[index] = StepStats()
         return stats
 
     def admit(self, stats: StepStats, step: tuple, span_id: int | None, parent: int | None) -> bool:

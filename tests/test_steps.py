@@ -459,3 +459,44 @@ def test_a_new_optimizer_taking_over_is_warm_up_not_slow(fake_pg, instrumented):
     otel_torchdist.uninstrument()
     warnings = [s for s in read_spans(f"{folder}/traces.rank0.jsonl") if s["name"] == n.SPAN_WARNING]
     assert warnings == [] and first is not None
+
+
+def test_a_drain_of_hundreds_of_short_steps_keeps_every_steps_totals(fake_pg, instrumented):
+    """A drain takes all its records before it runs their steps' closes: with 1 ms steps and a 200 ms drain
+    it holds hundreds of open steps. Each keeps its own collectives, bytes and in-flight time until its
+    close (forgetting all but the last 64 gave the earlier ones none)."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    from .harness import read_spans
+
+    folder = instrumented(drain_interval=3600.0, trace_every_steps=1, max_spans_per_step=0)
+    for i in range(1, 301):
+        with otel_torchdist.step(i):
+            dist.all_reduce(torch.ones(4))
+            dist.all_reduce(torch.ones(8))
+    otel_torchdist.uninstrument()
+    steps = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == n.SPAN_RANK_STEP]
+    assert sorted(s["attributes"][n.STEP] for s in steps) == list(range(1, 301))
+    assert {s["attributes"][n.STEP_COLLECTIVES] for s in steps} == {2}
+    assert {s["attributes"][n.STEP_BYTES] for s in steps} == {48}
+    assert all(s["attributes"][n.STEP_COLLECTIVE_WAIT] > 0 for s in steps)
+
+
+def test_a_step_left_open_is_forgotten_once_later_steps_closed():
+    from otel_torchdist.config import Config
+    from otel_torchdist.pipeline import STEPS_OPEN, STEPS_OPEN_MAX, Pipeline
+
+    pipeline = Pipeline(Config())
+    left_open = pipeline.open_step_stats(1)
+    pipeline.last_closed_step = 5
+    for i in range(10, 10 + STEPS_OPEN):
+        pipeline.open_step_stats(i)
+    assert 1 in pipeline.step_stats and len(pipeline.step_stats) == STEPS_OPEN + 1  # none forgotten yet
+    pipeline.open_step_stats(100)
+    assert 1 not in pipeline.step_stats and pipeline.step_stats[10] is not left_open  # only the stale one
+    for i in range(200, 200 + STEPS_OPEN_MAX):
+        pipeline.open_step_stats(i)
+    assert len(pipeline.step_stats) == STEPS_OPEN_MAX + 1  # bounded whatever closes
