@@ -53,7 +53,7 @@ class Pipeline:
         self.cfg = cfg
         self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
         self.store: Any = MetricStore(self.bounds)  # or native/fold.cpp's (use_native)
-        self._fold: Any = None  # native/fold.cpp's fold(store, step_stats, queue, roots_unsampled), with its store
+        self._fold: Any = None  # native/fold.cpp's fold(...), with its store (use_native)
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         self.traced = True  # False on a rank trace_ranks leaves out (stop_tracing)
         # Sampled spans wait for export already encoded, one deque per wire format the sinks want
@@ -224,10 +224,11 @@ class Pipeline:
         fold = self._fold
         store, step_stats = self.store, self.step_stats
         roots_unsampled = self.sampler.bound == 0  # then outside a step too, no record makes a span
+        open_step = self.open_step_stats
         while q:
             if fold is not None:
                 try:
-                    folded = fold(store, step_stats, q, roots_unsampled)  # the unsampled records at the front (fold.cpp)
+                    folded = fold(store, step_stats, q, roots_unsampled, open_step)  # the unsampled records at the front (fold.cpp)
                 except Exception as exc:
                     # The rest of this turn goes through process(), which reports a bad record's error
                     # itself, and no failure that leaves a record at the front can repeat for ever.

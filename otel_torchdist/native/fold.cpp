@@ -6,13 +6,13 @@
 //
 // fold() takes records from the left of the queue while they are ones it handles; it leaves the first
 // other one (a sampled step's, one under a caller's span, one outside a step unless no root is sampled (a
-// rank trace_ranks leaves out, the always_off samplers), a step the drain has not opened,
+// rank trace_ranks leaves out, the always_off samplers),
 // a group size whose bus factor is not known yet, anything unusual) at the front for Pipeline.process. It
 // reads everything a record needs before taking it, so a record is either folded whole or left as it was.
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
-// MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled)
-// per drain turn.
+// MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled,
+// open_step) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats).
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -304,7 +304,7 @@ struct FactorMemo {
 
 // 1: `rec` read into `r`, one to fold; 0: one for Pipeline.process (nothing read is kept); -1: an error
 // that is not the record's (a BaseException such as KeyboardInterrupt) to pass on.
-int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, FactorMemo& memo) {
+int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyObject* open_step, FactorMemo& memo) {
   if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != kFields) return 0;
   PyObject* step = PyTuple_GET_ITEM(rec, kStepCtx);
   // An unsampled step's record, not under a caller's span nor a framework context's parent: Pipeline.process's
@@ -338,8 +338,11 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, Fac
     r.seconds = elapsed > 0 ? static_cast<double>(elapsed) / 1e9 : 0.0;
   }
   if (step != Py_None) {
-    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, PyTuple_GET_ITEM(step, 0)));
-    if (r.stats.p == nullptr) goto other;  // not opened yet: Pipeline.process opens it
+    PyObject* index = PyTuple_GET_ITEM(step, 0);
+    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
+    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
+      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) goto other;
+    }
   }
   r.gi.p = Py_NewRef(PyList_GET_ITEM(G.by_id, g));
   {
@@ -418,8 +421,8 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r) {
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 4 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1])) {
-    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool)");
+  if (nargs != 5 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4])) {
+    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step)");
     return nullptr;
   }
   if (!G.ready) {
@@ -427,7 +430,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   StoreObject* store = reinterpret_cast<StoreObject*>(args[0]);
-  PyObject *step_stats = args[1], *queue = args[2];
+  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4];
   int roots_unsampled = PyObject_IsTrue(args[3]);
   if (roots_unsampled < 0) return nullptr;
   Ref popleft(PyObject_GetAttr(queue, G.s_popleft));
@@ -443,7 +446,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Ref rec(PySequence_GetItem(queue, 0));
     if (rec.p == nullptr) return nullptr;
     Read r;
-    int ours = read(rec.p, r, step_stats, roots_unsampled, memo);
+    int ours = read(rec.p, r, step_stats, roots_unsampled, open_step, memo);
     if (ours < 0) return nullptr;
     if (ours == 0) break;
     Ref taken(PyObject_CallNoArgs(popleft.p));  // only this thread takes from the left (the drain's lock)
@@ -496,7 +499,7 @@ PyObject* setup(PyObject*, PyObject* config) {
 PyMethodDef kMethods[] = {
     {"fold_setup", &setup, METH_O, "fold_setup(dict): the objects fold() reads (Pipeline.use_native)."},
     {"fold", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fold)), METH_FASTCALL,
-     "fold(store, step_stats, queue, roots_unsampled): folds the unsampled records at the queue's front; how many."},
+     "fold(store, step_stats, queue, roots_unsampled, open_step): folds the unsampled records at the queue's front; how many."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
