@@ -44,7 +44,7 @@ _INTERVALS_CAP = Intervals.CAP
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
 ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take spans from a full queue
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
-STEPS_OPEN = 64  # steps open past which those older than the last closed step are forgotten (open_step_stats)
+STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
 STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
 
 
@@ -72,6 +72,8 @@ class Pipeline:
         self.framework = FrameworkMetrics(self.bounds)
         self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
         self.last_closed_step = 0
+        self._opened = 0  # step stats opened so far (StepStats.opened)
+        self.closed_opened = 0  # the latest StepStats.opened of a closed step
         self.step_tracker: Any = None  # the StepTracker whose steps' closes this drain runs (steps.py)
         self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
@@ -218,23 +220,25 @@ class Pipeline:
             self.store = mod.MetricStore(self.bounds, Series)
             self._fold = mod.fold
 
+    def _fold_failed(self, exc: Exception) -> None:
+        health.error("pipeline", "could not fold a record into the metrics", exc)
+
     def _process_all(self, q: deque) -> int:
         count = 0
         process = self.process
         fold = self._fold
         store, step_stats = self.store, self.step_stats
         roots_unsampled = self.sampler.bound == 0  # then outside a step too, no record makes a span
-        open_step = self.open_step_stats
+        open_step, report = self.open_step_stats, self._fold_failed
         while q:
             if fold is not None:
                 try:
-                    folded = fold(store, step_stats, q, roots_unsampled, open_step)  # the unsampled records at the front (fold.cpp)
+                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report)  # the unsampled records at the front (fold.cpp)
                 except Exception as exc:
-                    # The rest of this turn goes through process(), which reports a bad record's error
-                    # itself, and no failure that leaves a record at the front can repeat for ever.
-                    health.error("pipeline", "could not fold a record into the metrics", exc)
+                    # Not a record's failure (those go to report, counted, and the fold goes on): the rest
+                    # of this turn goes through process(), so that no failure can repeat for ever.
+                    health.error("pipeline", "could not fold records into the metrics", exc)
                     fold = None
-                    count += 1  # the record it failed on, taken (it reads a record whole before taking it)
                     continue
                 if folded:  # a batch (or up to a record for process, or to the end): more may follow
                     count += folded
@@ -309,14 +313,17 @@ class Pipeline:
     def open_step_stats(self, index: int) -> StepStats:
         table = self.step_stats
         if len(table) > STEPS_OPEN:
-            # A step nobody closed (an explicit step left open) is forgotten once a later step has closed;
+            # A step nobody closed (an explicit step left open) is forgotten once a step opened after it has
+            # closed (in the order opened: explicit step numbers may start again, at each epoch, say);
             # not merely the oldest open one: a drain takes all its records before it runs their steps'
             # closes, so with short steps (1 ms steps, a drain every 200 ms) it holds hundreds of open steps,
             # all still to close, whose stats (collectives, bytes, wait) their closes need.
             oldest = next(iter(table))
-            if oldest < self.last_closed_step or len(table) > STEPS_OPEN_MAX:
+            if table[oldest].opened < self.closed_opened or len(table) > STEPS_OPEN_MAX:
                 del table[oldest]
         stats = table[index] = StepStats()
+        self._opened += 1
+        stats.opened = self._opened
         return stats
 
     def admit(self, stats: StepStats, step: tuple, span_id: int | None, parent: int | None) -> bool:

@@ -147,9 +147,10 @@ class StepStats:
     intervals, count and bytes, and the spans it admitted under ``max_spans_per_step`` (with the parents
     they point at, which are admitted beyond the cap)."""
 
-    __slots__ = ("intervals", "collectives", "nbytes", "spans", "parents", "capped")
+    __slots__ = ("intervals", "collectives", "nbytes", "spans", "parents", "capped", "opened")
 
     def __init__(self) -> None:
+        self.opened = 0  # its place in the order steps were opened (Pipeline.open_step_stats)
         self.intervals = Intervals()
         self.collectives = 0
         self.nbytes = 0
@@ -421,6 +422,8 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     stats = pipeline.step_stats.pop(index, None) or StepStats()
     if index > pipeline.last_closed_step:
         pipeline.last_closed_step = index
+    if stats.opened > pipeline.closed_opened:
+        pipeline.closed_opened = stats.opened
     intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
     duration = (t1 - t0) / 1e9 if t1 > t0 else 0.0
     wait = intervals.union_seconds(t0, t1) if count else 0.0

@@ -143,7 +143,7 @@ def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fak
     pipeline = Pipeline(Config())
     pipeline.use_native(mod)
     q = deque(records)
-    args = (pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats)
+    args = (pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed)
     assert mod.fold(*args) == 256  # the step opened with its first record; then back to the interpreter
     assert list(pipeline.step_stats) == [records[0][R.STEPCTX][0]]
     q.insert(10, ["not", "a", "record"])
@@ -166,7 +166,47 @@ def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(
     stats.collectives = "not a count"  # fold's update of it fails once the record is taken
     before = health.errors().get("pipeline", 0)
     assert pipeline._process_all(deque(records)) == 5  # each counted once, none left behind, no loop
-    assert health.errors().get("pipeline", 0) == before + 5  # the fold's failure, then process()'s four
+    assert health.errors().get("pipeline", 0) == before + 5  # each record's, reported, and the fold went on
+    assert pipeline.store.snapshot() == {}  # as process() leaves it: the step's update failed first
+
+
+def test_a_record_left_for_process_leaves_no_step_opened(mod, fake_pg, instrumented):
+    from otel_torchdist import bandwidth
+
+    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
+    with otel_torchdist.step(1):
+        dist.all_reduce(torch.ones(4))
+    pipeline = Pipeline(Config())
+    pipeline.use_native(mod)
+    bandwidth.FACTORS.clear()  # a group size not met yet: process() works out its bus factor
+    q = deque(R.QUEUE)
+    assert mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed) == 0
+    assert pipeline.step_stats == {} and len(q) == 1
+    pipeline._process_all(q)
+    ((key, series),) = pipeline.store.snapshot().items()
+    assert len(pipeline.step_stats) == 1 and key[0] == "all_reduce" and series.count == 1
+
+
+def test_message_sizes_past_64_bits_are_kept_exact(mod):
+    ours, theirs = mod.MetricStore((1.0,), Series), MetricStore((1.0,))
+    for size in (2**64 + 5, 2**100, -(2**70), 3):
+        for store in (ours, theirs):
+            store.observe("op", "g", 0.5, size, 1.0, False)
+    assert ours.snapshot() == theirs.snapshot()
+    assert ours.snapshot()[("op", "g")].bytes == 2**64 + 5 + 2**100 - 2**70 + 3
+    with pytest.raises(OverflowError):  # past 128 bits
+        ours.observe("op", "g", 0.5, 2**130, 1.0, False)
+
+
+def test_an_exemplar_that_fails_raises_its_own_error(mod):
+    class Exemplar:
+        def __getitem__(self, i):
+            raise ValueError("bad time")
+
+    store = mod.MetricStore((1.0,), Series)
+    with pytest.raises(ValueError, match="bad time"):
+        store.observe("op", "g", 0.5, 1, 1.0, False, Exemplar())
+    assert store.snapshot() == {}
 
 
 def test_instrument_folds_with_the_native_part_and_native_off_in_python(fake_pg, instrumented, native_built):

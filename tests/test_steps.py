@@ -491,7 +491,8 @@ def test_a_step_left_open_is_forgotten_once_later_steps_closed():
 
     pipeline = Pipeline(Config())
     left_open = pipeline.open_step_stats(1)
-    pipeline.last_closed_step = 5
+    pipeline.closed_opened = pipeline.open_step_stats(5).opened  # as _close_step notes step 5's close
+    del pipeline.step_stats[5]
     for i in range(10, 10 + STEPS_OPEN):
         pipeline.open_step_stats(i)
     assert 1 in pipeline.step_stats and len(pipeline.step_stats) == STEPS_OPEN + 1  # none forgotten yet
@@ -500,3 +501,26 @@ def test_a_step_left_open_is_forgotten_once_later_steps_closed():
     for i in range(200, 200 + STEPS_OPEN_MAX):
         pipeline.open_step_stats(i)
     assert len(pipeline.step_stats) == STEPS_OPEN_MAX + 1  # bounded whatever closes
+
+
+def test_steps_numbered_again_from_one_keep_their_totals(fake_pg, instrumented):
+    """Explicit steps numbered per epoch start again at 1: a drain holding the second epoch's open steps keeps
+    them (forgetting goes by the order steps were opened, not by their numbers)."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+
+    from .harness import read_spans
+
+    folder = instrumented(drain_interval=3600.0, trace_every_steps=1, max_spans_per_step=0)
+    for _epoch in range(2):
+        for i in range(1, 151):
+            with otel_torchdist.step(i):
+                dist.all_reduce(torch.ones(4))
+                dist.all_reduce(torch.ones(8))
+        runtime.current().pipeline.drain()
+    otel_torchdist.uninstrument()
+    steps = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == n.SPAN_RANK_STEP]
+    assert len(steps) == 300 and {s["attributes"][n.STEP_COLLECTIVES] for s in steps} == {2}

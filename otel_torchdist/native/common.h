@@ -28,4 +28,23 @@ struct Ref {  // an owned reference
   }
 };
 
+// The exception being raised, normalized, as (type, value, traceback) owned by the caller.
+struct Raised {
+  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
+  Raised() {
+    PyErr_Fetch(&type, &value, &tb);
+    PyErr_NormalizeException(&type, &value, &tb);
+    if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
+  }
+  void restore() {  // hands the references back to the interpreter
+    PyErr_Restore(type, value, tb);
+    type = value = tb = nullptr;
+  }
+  ~Raised() {
+    Py_XDECREF(type);
+    Py_XDECREF(value);
+    Py_XDECREF(tb);
+  }
+};
+
 }  // namespace otel_native

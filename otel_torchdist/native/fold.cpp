@@ -12,7 +12,8 @@
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
 // MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled,
-// open_step) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats).
+// open_step, report) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats) and
+// report(exc) told of a record whose fold failed once taken (it is counted, and the fold goes on).
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -28,6 +29,7 @@
 namespace otel_fold {
 namespace {
 
+using otel_native::Raised;
 using otel_native::Ref;
 using namespace otel_native::record;
 
@@ -98,6 +100,27 @@ struct StoreObject {
 
 PyTypeObject StoreType = {PyVarObject_HEAD_INIT(nullptr, 0)};
 
+// A Python int of up to 128 bits: 0, or -1 with an error set (OverflowError beyond).
+int int128_from_py(PyObject* o, __int128* out) {
+  int overflow = 0;
+  long long small = PyLong_AsLongLongAndOverflow(o, &overflow);
+  if (small == -1 && PyErr_Occurred()) return -1;
+  if (!overflow) {
+    *out = small;
+    return 0;
+  }
+  Ref shift(PyLong_FromLong(64)), mask(PyLong_FromUnsignedLongLong(~0ULL));
+  if (shift.p == nullptr || mask.p == nullptr) return -1;
+  Ref hi(PyNumber_Rshift(o, shift.p)), lo(hi.p ? PyNumber_And(o, mask.p) : nullptr);
+  if (lo.p == nullptr) return -1;
+  long long high = PyLong_AsLongLong(hi.p);
+  if (high == -1 && PyErr_Occurred()) return -1;
+  unsigned long long low = PyLong_AsUnsignedLongLong(lo.p);
+  if (low == static_cast<unsigned long long>(-1) && PyErr_Occurred()) return -1;
+  *out = (static_cast<__int128>(high) << 64) | static_cast<__int128>(low);
+  return 0;
+}
+
 PyObject* int128_to_py(__int128 v) {
   if (v >= INT64_MIN && v <= INT64_MAX) return PyLong_FromLongLong(static_cast<long long>(v));
   Ref hi(PyLong_FromLongLong(static_cast<long long>(v >> 64)));
@@ -144,14 +167,16 @@ Series* series_of(StoreObject* self, PyObject* op, PyObject* group, double secon
 }
 
 // MetricStore.observe: 0 or -1 with an error set. exemplar: nullptr for none, else (time_ns, trace_id, span_id).
-int observe(StoreObject* self, PyObject* op, PyObject* group, double seconds, long long nbytes, double bus, bool error,
+int observe(StoreObject* self, PyObject* op, PyObject* group, double seconds, __int128 nbytes, double bus, bool error,
             PyObject* exemplar) {
   const std::vector<double>& b = self->impl->bounds;
   Py_ssize_t i = std::lower_bound(b.begin(), b.end(), seconds) - b.begin();  // bisect_left
   PyObject* held = nullptr;
   if (exemplar != nullptr) {  // made first: a failure leaves the series as it was
-    Ref t(PySequence_GetItem(exemplar, 0)), trace(PySequence_GetItem(exemplar, 1)), span(PySequence_GetItem(exemplar, 2));
-    if (t.p == nullptr || trace.p == nullptr || span.p == nullptr) return -1;
+    Ref t(PySequence_GetItem(exemplar, 0));
+    Ref trace(t.p ? PySequence_GetItem(exemplar, 1) : nullptr);
+    Ref span(trace.p ? PySequence_GetItem(exemplar, 2) : nullptr);
+    if (span.p == nullptr) return -1;
     Ref sec(PyFloat_FromDouble(seconds));
     if (sec.p == nullptr || (held = PyTuple_Pack(4, sec.p, t.p, trace.p, span.p)) == nullptr) return -1;
   }
@@ -223,8 +248,8 @@ PyObject* store_observe(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
   }
   double seconds = PyFloat_AsDouble(args[2]);
   if (seconds == -1.0 && PyErr_Occurred()) return nullptr;
-  long long nbytes = PyLong_AsLongLong(args[3]);
-  if (nbytes == -1 && PyErr_Occurred()) return nullptr;
+  __int128 nbytes;
+  if (int128_from_py(args[3], &nbytes) < 0) return nullptr;
   double bus = PyFloat_AsDouble(args[4]);
   if (bus == -1.0 && PyErr_Occurred()) return nullptr;
   int error = PyObject_IsTrue(args[5]);
@@ -337,13 +362,6 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyO
     if (__builtin_sub_overflow(end, start, &elapsed)) goto other;
     r.seconds = elapsed > 0 ? static_cast<double>(elapsed) / 1e9 : 0.0;
   }
-  if (step != Py_None) {
-    PyObject* index = PyTuple_GET_ITEM(step, 0);
-    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
-    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
-      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) goto other;
-    }
-  }
   r.gi.p = Py_NewRef(PyList_GET_ITEM(G.by_id, g));
   {
     Ref size(PyObject_GetAttr(r.gi.p, G.s_size));
@@ -365,7 +383,12 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyO
   }
   r.label.p = PyObject_GetAttr(r.gi.p, G.s_label);
   if (r.label.p == nullptr || !PyUnicode_CheckExact(r.label.p)) goto other;
-  if (r.stats.p != nullptr) {
+  if (step != Py_None) {  // last: a record left for Pipeline.process leaves no step opened
+    PyObject* index = PyTuple_GET_ITEM(step, 0);
+    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
+    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
+      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) goto other;
+    }
     r.intervals.p = PyObject_GetAttr(r.stats.p, G.s_intervals);
     r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
     r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
@@ -421,8 +444,10 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r) {
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 5 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4])) {
-    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step)");
+  if (nargs != 6 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4]) ||
+      !PyCallable_Check(args[5])) {
+    PyErr_SetString(PyExc_TypeError,
+                    "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step, report)");
     return nullptr;
   }
   if (!G.ready) {
@@ -430,7 +455,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   StoreObject* store = reinterpret_cast<StoreObject*>(args[0]);
-  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4];
+  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4], *report = args[5];
   int roots_unsampled = PyObject_IsTrue(args[3]);
   if (roots_unsampled < 0) return nullptr;
   Ref popleft(PyObject_GetAttr(queue, G.s_popleft));
@@ -455,8 +480,13 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       PyErr_SetString(PyExc_RuntimeError, "fold: the queue's first record changed while it was read");
       return nullptr;
     }
-    if (fold_one(store, rec.p, r) < 0) return nullptr;
     ++done;
+    if (fold_one(store, rec.p, r) < 0) {  // reported as Pipeline._process_all reports process()'s failures
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+      Raised raised;
+      Ref reported(PyObject_CallOneArg(report, raised.value));
+      if (reported.p == nullptr) return nullptr;
+    }
   }
   return PyLong_FromSsize_t(done);
 }
@@ -499,7 +529,7 @@ PyObject* setup(PyObject*, PyObject* config) {
 PyMethodDef kMethods[] = {
     {"fold_setup", &setup, METH_O, "fold_setup(dict): the objects fold() reads (Pipeline.use_native)."},
     {"fold", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fold)), METH_FASTCALL,
-     "fold(store, step_stats, queue, roots_unsampled, open_step): folds the unsampled records at the queue's front; how many."},
+     "fold(store, step_stats, queue, roots_unsampled, open_step, report): folds the unsampled records at the queue's front; how many."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace

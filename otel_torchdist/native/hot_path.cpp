@@ -21,6 +21,7 @@ namespace otel_hot {
 namespace {
 
 using otel_native::now_ns;
+using otel_native::Raised;
 using otel_native::Ref;
 
 using namespace otel_native::record;
@@ -100,25 +101,6 @@ PyObject* parent_span() {
   }
   return PyObject_CallMethod(ctx, "get", "O", G.span_key);
 }
-
-// The exception being raised, normalized, as (type, value, traceback) owned by the caller.
-struct Raised {
-  PyObject *type = nullptr, *value = nullptr, *tb = nullptr;
-  Raised() {
-    PyErr_Fetch(&type, &value, &tb);
-    PyErr_NormalizeException(&type, &value, &tb);
-    if (tb != nullptr && value != nullptr) PyException_SetTraceback(value, tb);
-  }
-  void restore() {  // hands the references back to the interpreter
-    PyErr_Restore(type, value, tb);
-    type = value = tb = nullptr;
-  }
-  ~Raised() {
-    Py_XDECREF(type);
-    Py_XDECREF(value);
-    Py_XDECREF(tb);
-  }
-};
 
 // A telemetry failure after the collective returned: reported through Python (health.error) and swallowed,
 // as the Python body catches Exception. False, the error left set, for what it would not catch either
