@@ -232,8 +232,8 @@ class Pipeline:
         open_step, report = self.open_step_stats, self._fold_failed
         while q:
             if fold is not None:
-                try:
-                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report)  # the unsampled records at the front (fold.cpp)
+                try:  # the unsampled records at the front (fold.cpp)
+                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report)
                 except Exception as exc:
                     # Not a record's failure (those go to report, counted, and the fold goes on): the rest
                     # of this turn goes through process(), so that no failure can repeat for ever.

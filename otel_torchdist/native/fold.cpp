@@ -4,11 +4,11 @@
 // group's last completed sequence number. With default sampling nearly every record is one of those, and
 // Pipeline.process cost about 1.7 us a record in Python.
 //
-// fold() takes records from the left of the queue while they are ones it handles; it leaves the first
-// other one (a sampled step's, one under a caller's span, one outside a step unless no root is sampled (a
-// rank trace_ranks leaves out, the always_off samplers),
-// a group size whose bus factor is not known yet, anything unusual) at the front for Pipeline.process. It
-// reads everything a record needs before taking it, so a record is either folded whole or left as it was.
+// fold() takes records from the left of the queue while they are ones it handles, and leaves the first
+// other one at the front for Pipeline.process: a sampled step's record, one under a caller's span, one
+// outside a step unless the sampler keeps no root (a rank trace_ranks leaves out, always_off), one of a
+// group size whose bus factor is not known yet, anything unusual. It reads everything a record needs
+// before taking it, so a record is either folded whole or left as it was.
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
 // MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled,
