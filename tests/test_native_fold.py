@@ -134,20 +134,28 @@ def test_fold_leaves_the_same_state_as_process_record_for_record(mod, fake_pg, i
     assert expected[0] == len(records) and expected[2] and any(expected[3])
 
 
-def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fake_pg, instrumented):
+def _untraced_step(mod, instrumented, calls: int) -> tuple[list[tuple], Pipeline]:
+    """The records of one untraced step of ``calls`` all_reduces, and a pipeline folding in C."""
     instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
     with otel_torchdist.step(1):
-        for _ in range(600):
+        for _ in range(calls):
             dist.all_reduce(torch.ones(4))
-    records = list(R.QUEUE)
     pipeline = Pipeline(Config())
     pipeline.use_native(mod)
+    return list(R.QUEUE), pipeline
+
+
+def _fold(mod, pipeline: Pipeline, q: deque) -> int:
+    return mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed)
+
+
+def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fake_pg, instrumented):
+    records, pipeline = _untraced_step(mod, instrumented, 600)
     q = deque(records)
-    args = (pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed)
-    assert mod.fold(*args) == 256  # the step opened with its first record; then back to the interpreter
+    assert _fold(mod, pipeline, q) == 256  # the step opened with its first record; then back to the interpreter
     assert list(pipeline.step_stats) == [records[0][R.STEPCTX][0]]
     q.insert(10, ["not", "a", "record"])
-    assert mod.fold(*args) == 10
+    assert _fold(mod, pipeline, q) == 10
     assert q[0] == ["not", "a", "record"] and len(q) == len(records) - 266 + 1
 
 
@@ -155,13 +163,7 @@ def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(
     from otel_torchdist import health
     from otel_torchdist.steps import StepStats
 
-    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
-    with otel_torchdist.step(1):
-        for _ in range(5):
-            dist.all_reduce(torch.ones(4))
-    records = list(R.QUEUE)
-    pipeline = Pipeline(Config())
-    pipeline.use_native(mod)
+    records, pipeline = _untraced_step(mod, instrumented, 5)
     stats = pipeline.step_stats[records[0][R.STEPCTX][0]] = StepStats()
     stats.collectives = "not a count"  # fold's update of it fails once the record is taken
     before = health.errors().get("pipeline", 0)
@@ -173,14 +175,10 @@ def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(
 def test_a_record_left_for_process_leaves_no_step_opened(mod, fake_pg, instrumented):
     from otel_torchdist import bandwidth
 
-    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
-    with otel_torchdist.step(1):
-        dist.all_reduce(torch.ones(4))
-    pipeline = Pipeline(Config())
-    pipeline.use_native(mod)
+    records, pipeline = _untraced_step(mod, instrumented, 1)
     bandwidth.FACTORS.clear()  # a group size not met yet: process() works out its bus factor
-    q = deque(R.QUEUE)
-    assert mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed) == 0
+    q = deque(records)
+    assert _fold(mod, pipeline, q) == 0
     assert pipeline.step_stats == {} and len(q) == 1
     pipeline._process_all(q)
     ((key, series),) = pipeline.store.snapshot().items()

@@ -461,24 +461,33 @@ def test_a_new_optimizer_taking_over_is_warm_up_not_slow(fake_pg, instrumented):
     assert warnings == [] and first is not None
 
 
-def test_a_drain_of_hundreds_of_short_steps_keeps_every_steps_totals(fake_pg, instrumented):
-    """A drain takes all its records before it runs their steps' closes: with 1 ms steps and a 200 ms drain
-    it holds hundreds of open steps. Each keeps its own collectives, bytes and in-flight time until its
-    close (forgetting all but the last 64 gave the earlier ones none)."""
+def _short_steps(instrumented, epochs: int, steps: int) -> list[dict]:
+    """The rank step spans of ``epochs`` runs of steps numbered 1..``steps``, two all_reduces (48 bytes)
+    each, every epoch's records and steps' closes held for one drain."""
     import torch
     import torch.distributed as dist
 
     import otel_torchdist
+    from otel_torchdist import runtime
 
     from .harness import read_spans
 
     folder = instrumented(drain_interval=3600.0, trace_every_steps=1, max_spans_per_step=0)
-    for i in range(1, 301):
-        with otel_torchdist.step(i):
-            dist.all_reduce(torch.ones(4))
-            dist.all_reduce(torch.ones(8))
+    for _epoch in range(epochs):
+        for i in range(1, steps + 1):
+            with otel_torchdist.step(i):
+                dist.all_reduce(torch.ones(4))
+                dist.all_reduce(torch.ones(8))
+        runtime.current().pipeline.drain()
     otel_torchdist.uninstrument()
-    steps = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == n.SPAN_RANK_STEP]
+    return [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == n.SPAN_RANK_STEP]
+
+
+def test_a_drain_of_hundreds_of_short_steps_keeps_every_steps_totals(fake_pg, instrumented):
+    """A drain takes all its records before it runs their steps' closes: with 1 ms steps and a 200 ms drain
+    it holds hundreds of open steps. Each keeps its own collectives, bytes and in-flight time until its
+    close (forgetting all but the last 64 gave the earlier ones none)."""
+    steps = _short_steps(instrumented, 1, 300)
     assert sorted(s["attributes"][n.STEP] for s in steps) == list(range(1, 301))
     assert {s["attributes"][n.STEP_COLLECTIVES] for s in steps} == {2}
     assert {s["attributes"][n.STEP_BYTES] for s in steps} == {48}
@@ -506,21 +515,5 @@ def test_a_step_left_open_is_forgotten_once_later_steps_closed():
 def test_steps_numbered_again_from_one_keep_their_totals(fake_pg, instrumented):
     """Explicit steps numbered per epoch start again at 1: a drain holding the second epoch's open steps keeps
     them (forgetting goes by the order steps were opened, not by their numbers)."""
-    import torch
-    import torch.distributed as dist
-
-    import otel_torchdist
-    from otel_torchdist import runtime
-
-    from .harness import read_spans
-
-    folder = instrumented(drain_interval=3600.0, trace_every_steps=1, max_spans_per_step=0)
-    for _epoch in range(2):
-        for i in range(1, 151):
-            with otel_torchdist.step(i):
-                dist.all_reduce(torch.ones(4))
-                dist.all_reduce(torch.ones(8))
-        runtime.current().pipeline.drain()
-    otel_torchdist.uninstrument()
-    steps = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == n.SPAN_RANK_STEP]
+    steps = _short_steps(instrumented, 2, 150)
     assert len(steps) == 300 and {s["attributes"][n.STEP_COLLECTIVES] for s in steps} == {2}
