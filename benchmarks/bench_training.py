@@ -19,7 +19,9 @@ with torch's own ``default_hooks.allreduce_hook`` registered by hand, uninstrume
 Python comm hook, which the trampoline is (a comm hook also costs DDP a pass over each bucket: without one
 the reducer scales the gradients while copying them in). For
 DDP it also times the same loop under CommDebugMode and under torch.profiler (CPU activities), the tools
-otel-torchdist is meant to replace, and reports how many times more they add.
+otel-torchdist is meant to replace, and reports how many times more they add. Each path ends its round
+with "plain, again": the plain step timed once more (for DDP a fresh plain model, built after the round's
+last ``uninstrument()``), whose "overhead" against the first is the machine's own noise floor.
 """
 
 from __future__ import annotations
@@ -120,6 +122,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         "torch Python hook": [],
         "CommDebugMode": [],
         "torch.profiler": [],
+        "plain, again": [],
     }
     from torch.distributed.tensor.debug import CommDebugMode
     from torch.profiler import ProfilerActivity, profile
@@ -150,16 +153,22 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         otel_torchdist.instrument(**options, native="off")
         rows["instr. (comm hook)"].append(_time(hooked_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
+        # The noise floor: plain against itself. A model of its own, built now: instrument(native="off") gave
+        # the round's plain model the trampoline hook for good.
+        again = DDP(_mlp())
+        rows["plain, again"].append(_time(train_step(again, torch.optim.SGD(again.parameters(), lr=0.01)), args.steps))
+        again = None
 
     # ---- FSDP2
     plain_fsdp = _fsdp_mlp()
     plain_step = train_step(plain_fsdp, torch.optim.SGD(plain_fsdp.parameters(), lr=0.01))
-    rows = results["FSDP2"] = {"plain": [], "instrumented": []}
+    rows = results["FSDP2"] = {"plain": [], "instrumented": [], "plain, again": []}
     for _ in range(args.rounds):
         rows["plain"].append(_time(plain_step, args.steps))
         otel_torchdist.instrument(**options)
         rows["instrumented"].append(_time(plain_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
+        rows["plain, again"].append(_time(plain_step, args.steps))
 
     # ---- tensor parallel
     from torch.distributed.device_mesh import init_device_mesh
@@ -183,7 +192,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
     tracked_tp = parallelize_module(TP(), mesh, {"up": ColwiseParallel(), "down": RowwiseParallel()})
     tracked_step = train_step(tracked_tp, torch.optim.SGD(tracked_tp.parameters(), lr=0.01))
     otel_torchdist.uninstrument()
-    rows = results["TP"] = {"plain": [], "instrumented": []}
+    rows = results["TP"] = {"plain": [], "instrumented": [], "plain, again": []}
     from otel_torchdist.capture import context
 
     for _ in range(args.rounds):
@@ -194,6 +203,7 @@ def _worker(rank: int, nproc: int, port: int, args: argparse.Namespace, out: str
         context.TRACKER.track(tracked_tp)
         rows["instrumented"].append(_time(tracked_step, args.steps, STEADY))
         otel_torchdist.uninstrument()
+        rows["plain, again"].append(_time(plain_step, args.steps))
 
     if rank == 0:
         with open(out, "w") as f:
