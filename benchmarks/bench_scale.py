@@ -143,6 +143,7 @@ def _worker(spec: dict) -> dict:
     import otel_torchdist
     from otel_torchdist import names as n
     from otel_torchdist import otlp, runtime
+    from otel_torchdist.export.sinks import GZIP_LEVEL  # what goes on the wire
 
     torch.manual_seed(0)
     torch.set_num_threads(1)
@@ -155,7 +156,6 @@ def _worker(spec: dict) -> dict:
     spans: list[tuple[str, int, int, int]] = []  # name, trace id, protobuf bytes, OTLP/JSON bytes
     step_of_trace: dict[int, int] = {}  # trace id of a traced step -> step index
     pb_fragments: list[bytes] = []
-    json_encoder = otlp.SPAN_ENCODERS["json"]
 
     def measuring_encoder(span):
         text = json_encoder(span)
@@ -165,8 +165,6 @@ def _worker(spec: dict) -> dict:
         if span.name == n.SPAN_RANK_STEP:
             step_of_trace[span.trace_id] = dict(span.attributes)[n.STEP]
         return text
-
-    otlp.SPAN_ENCODERS["json"] = measuring_encoder
 
     dist.init_process_group("fake", store=FakeStore(), rank=rank, world_size=world)
     options = dict(
@@ -186,6 +184,10 @@ def _worker(spec: dict) -> dict:
     )
     options.update(spec["options"])
     otel_torchdist.instrument(**options)
+    # After instrument(), which puts the native part's encoders in the table when it is built: set before,
+    # this one was replaced and no span was measured.
+    json_encoder = otlp.SPAN_ENCODERS["json"]
+    otlp.SPAN_ENCODERS["json"] = measuring_encoder
 
     model, stage, groups_used = _build(spec["scenario"], world, rank)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -249,7 +251,7 @@ def _worker(spec: dict) -> dict:
         last = max(step_of_trace, key=step_of_trace.get)
         frags = [f for (_, t, _, _), f in zip(spans, pb_fragments) if t == last]
         request = otlp.trace_request_pb(resource, frags)
-        gz = {"spans": len(frags), "raw": len(request), "gzip": len(gzip.compress(request))}
+        gz = {"spans": len(frags), "raw": len(request), "gzip": len(gzip.compress(request, compresslevel=GZIP_LEVEL))}
     return {
         "spec": spec,
         "groups": groups_used,
@@ -259,7 +261,7 @@ def _worker(spec: dict) -> dict:
         "openmetrics_bytes": len(openmetrics.encode()),
         "exemplars": openmetrics.count(" # {"),
         "otlp_points": {md.metric.name: len(md.points) for md in data_points if md.points},
-        "otlp_bytes": {"pb": len(pb), "gzip": len(gzip.compress(pb)), "json": len(as_json.encode())},
+        "otlp_bytes": {"pb": len(pb), "gzip": len(gzip.compress(pb, compresslevel=GZIP_LEVEL)), "json": len(as_json.encode())},
         "spans": spans,
         "step_of_trace": {str(t): i for t, i in step_of_trace.items()},
         "gzip_step_request": gz,
@@ -785,6 +787,8 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     for key in ("ddp", "ddp-16k", "fsdp2", "fsdp2-16k", "3d", "3d-16k", "3d-16k-rank0"):
         r = res[key]
         s = step_spans(r)
+        if not s["per_step"]:  # every step of these runs is traced: none measured is the benchmark's fault
+            raise SystemExit(f"bench_scale: no span measured in run {key}; the span encoder hook missed")
         gz = r["gzip_step_request"]
         gzs = f"{gz['gzip'] / gz['spans']:.0f}" if gz else "-"
         print(f"{key:<13} {s['per_step']:>10.1f} {s['step1']:>6} {s['pb_per_span']:>9.0f} {s['json_per_span']:>11.0f} {gzs:>14}")

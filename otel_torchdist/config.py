@@ -87,7 +87,8 @@ class Config:
     it (the spec says milliseconds; both parties must agree on one meaning)."""
 
     compression: str = "none"
-    """``gzip`` or ``none``. Env: ``OTEL_EXPORTER_OTLP_COMPRESSION``."""
+    """``gzip`` or ``none``. Env: ``OTEL_EXPORTER_OTLP_COMPRESSION``. Over HTTP at zlib's fastest level (1):
+    about 1.2 ms of the export thread's CPU for 512 collective spans, against 5.5 ms at gzip's default."""
 
     certificate: str | None = None
     """CA bundle to verify a TLS endpoint. Env: ``OTEL_EXPORTER_OTLP_CERTIFICATE``."""
@@ -198,11 +199,12 @@ class Config:
 
     max_spans_per_step: int = 10000
     """Most spans one rank exports for one training step (0 = no limit): collectives and framework spans
-    (sharding, optimizer, checkpoint) alike, in the order they end, plus the spans those kept point at
-    as parent (so no kept span is an orphan); the step's own spans and warnings are not counted. The rest
-    of a traced step is counted (``torchdist_telemetry_dropped_total{kind="span_step_limit"}``), not
-    traced. Keeps a loop that never closes a step (no optimizer, no ``otel_torchdist.step()``) from
-    tracing every collective of the run. Env: ``OTEL_TORCHDIST_MAX_SPANS_PER_STEP``."""
+    (sharding, optimizer, checkpoint) alike, in the order the background drain takes them (collectives as
+    they end, a drain's framework spans after its collectives), plus the spans those kept point at as
+    parent (so no kept span is an orphan); the step's own spans and warnings are not counted. The rest of
+    a traced step is counted (``torchdist_telemetry_dropped_total{kind="span_step_limit"}``), not traced.
+    Keeps a loop that never closes a step (no optimizer, no ``otel_torchdist.step()``) from tracing every
+    collective of the run. Env: ``OTEL_TORCHDIST_MAX_SPANS_PER_STEP``."""
 
     span_batch_size: int = 512
     """Spans per export request at most. Env: ``OTEL_BSP_MAX_EXPORT_BATCH_SIZE``."""

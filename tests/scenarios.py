@@ -255,16 +255,18 @@ def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
 # ------------------------------------------------------------------------------------------ OTLP export
 def export_otlp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
-    """A few collectives exported over OTLP; rank r uses ``args["endpoints"][r]`` = [endpoint, protocol]."""
+    """A few collectives exported over OTLP; rank r uses ``args["endpoints"][r]`` = [endpoint, protocol] or
+    [endpoint, protocol, compression]."""
     from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_torchdist
 
-    endpoint, protocol = args["endpoints"][rank]
+    endpoint, protocol, *compression = args["endpoints"][rank]
     otel_torchdist.instrument(
         endpoint=endpoint,
         protocol=protocol,
+        compression=compression[0] if compression else "none",
         run_id=args["run_id"],
         service_name="otlp-test",
         metrics_exporter=("otlp",),

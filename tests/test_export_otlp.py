@@ -1,7 +1,8 @@
 """Spans and metrics leave real processes over OTLP and arrive at real receivers.
 
-rotel (a Rust OTLP collector) receives rank 0 over gRPC and rank 1 over HTTP/protobuf in the same job;
-oteltap (an OTLP/HTTP receiver) decodes the protobuf so the exact field values can be asserted.
+rotel (a Rust OTLP collector) receives rank 0 over gRPC and rank 1 over HTTP/protobuf, both gzip-compressed,
+in the same job; oteltap (an OTLP/HTTP receiver) decodes the protobuf so the exact field values can be
+asserted.
 """
 
 from __future__ import annotations
@@ -31,7 +32,10 @@ def tap():
 
 
 def test_grpc_and_http_reach_a_real_collector(rotel, tmp_path):
-    args = {"run_id": "otlp-rotel", "endpoints": [[rotel.grpc_endpoint, "grpc"], [rotel.http_endpoint, "http/protobuf"]]}
+    """Both gzip-compressed (HTTP bodies at sinks.GZIP_LEVEL, gRPC messages by grpc): the collector decodes
+    them, or refuses them and the spans never arrive."""
+    endpoints = [[rotel.grpc_endpoint, "grpc", "gzip"], [rotel.http_endpoint, "http/protobuf", "gzip"]]
+    args = {"run_id": "otlp-rotel", "endpoints": endpoints}
     results = run_ranks("export_otlp", 2, str(tmp_path / "job"), args)
     assert all(r["flushed"] for r in results)
 

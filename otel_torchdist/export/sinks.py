@@ -282,6 +282,12 @@ def _redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
 
 
+# zlib's fastest level. gzip.compress's default (9, what opentelemetry-python's exporter uses) took 5.5 ms
+# of CPU for a batch of 512 collective spans (530 KB of protobuf) here, 11 us a span: more than building and
+# encoding the span. Level 1 took 1.2 ms for a body 17 % larger (28 KB against 24 KB).
+GZIP_LEVEL = 1
+
+
 def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path: str) -> str:
     """Per the spec: a signal-specific endpoint is used as is; the generic one gets ``/v1/<signal>`` (HTTP)."""
     if specific:
@@ -337,7 +343,7 @@ class OtlpHttpSink(Sink):
 
     def _post(self, body: bytes, timeout: float | None) -> bool:
         if self.gzip:
-            body = gzip.compress(body)
+            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
         timeout = self.timeout if timeout is None else min(timeout, self.timeout)
         try:
             resp = self.session.post(
