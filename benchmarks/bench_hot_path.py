@@ -17,7 +17,7 @@ dominant cost) mixed in. That pause does what the background threads do in 200 m
 ends with a flush of everything left (spans, a metric export): the pauses' time and the flush's is the
 deferred cost per collective. Metrics are thus exported once in 20 000 collectives, every 2 s at 10 000
 collectives/s (the default interval is 60 s); until 2026-11-25 every pause exported them, ten times as
-often, which over OTLP/HTTP was most of the default sampling's deferred cost.
+often, which over OTLP/HTTP was 40 % of the default sampling's deferred cost.
 
 ``--endpoint http://127.0.0.1:4318``: spans and metrics go over OTLP/HTTP protobuf to that receiver (a
 collector such as rotel, started apart) instead of the run folder. The deferred cost is then this
