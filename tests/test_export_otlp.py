@@ -7,10 +7,16 @@ asserted.
 
 from __future__ import annotations
 
+import base64
+import http.client
+import http.server
 import os
+import threading
+import urllib.parse
 
 import pytest
 
+import otel_torchdist
 from otel_torchdist import names as n
 
 from .harness import run_ranks, wait_for
@@ -105,7 +111,8 @@ def test_http_protobuf_fields_decoded_by_oteltap(tap, tmp_path):
 def test_the_http_exporter_applies_the_environment_as_requests_would_read_once(monkeypatch, tmp_path):
     """Proxies (and NO_PROXY), the CA bundle variables and ~/.netrc apply as requests applies them to a
     request from a session that trusts the environment; they are read when the exporter is made instead of
-    for every request. (No proxy runs here: the settings are compared with requests' own.)"""
+    for every request. (The settings are compared with requests' own here; a later test sends through a
+    real proxy.)"""
     import requests
 
     from otel_torchdist.config import Config
@@ -136,3 +143,98 @@ def test_the_http_exporter_applies_the_environment_as_requests_would_read_once(m
     mine = str(tmp_path / "mine.pem")
     certified = OtlpHttpSink(Config(endpoint="https://collector.example:4318", certificate=mine), "traces", "http/protobuf")
     assert certified.verify == mine  # OTEL_EXPORTER_OTLP_CERTIFICATE wins over the variables
+
+
+class _Relay(http.server.BaseHTTPRequestHandler):
+    """A real HTTP proxy for plain-HTTP targets (a request line with the absolute URL, as proxies get them),
+    or, with ``redirect_to`` set on its server, a collector that answers every POST with a 307 there."""
+
+    protocol_version = "HTTP/1.1"
+
+    def do_POST(self) -> None:
+        body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
+        self.server.seen.append({"line": self.requestline, "headers": dict(self.headers)})
+        if self.server.redirect_to:
+            self.send_response(307)
+            self.send_header("Location", self.server.redirect_to)
+            self.send_header("Content-Length", "0")
+            self.end_headers()
+            return
+        target = urllib.parse.urlsplit(self.path)
+        forward = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-authorization", "proxy-connection")}
+        conn = http.client.HTTPConnection(target.hostname, target.port, timeout=10)
+        conn.request("POST", target.path, body=body, headers=forward)
+        answer = conn.getresponse()
+        reply = answer.read()
+        self.send_response(answer.status)
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args) -> None:
+        pass
+
+
+@pytest.fixture
+def relay():
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Relay)
+    server.daemon_threads = True
+    server.seen, server.redirect_to = [], None
+    threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
+    yield server
+    server.shutdown()
+    server.server_close()
+
+
+@pytest.fixture
+def receiver():
+    from .test_faults_export import OtlpHttpReceiver
+
+    rx = OtlpHttpReceiver()
+    yield rx
+    rx.stop()
+
+
+def _export_empty_metrics(endpoint: str, **options) -> bool:
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    sink = OtlpHttpSink(Config(endpoint=endpoint, **options), "metrics", "http/protobuf")
+    try:
+        return sink.export_metrics({"service.name": "relay-test"}, [], 0, 1, timeout=10)
+    finally:
+        sink.shutdown()
+
+
+def test_the_http_exporter_goes_through_a_proxy_with_its_credentials_and_the_netrc_login(
+    monkeypatch, tmp_path, relay, receiver
+):
+    """HTTP_PROXY (with a user in its URL) and ~/.netrc reach the wire as requests sends them: the proxy
+    gets the absolute URL and Proxy-Authorization, the collector the Authorization of the netrc entry and
+    the exporter's User-Agent."""
+    netrc = tmp_path / "netrc"
+    netrc.write_text("machine 127.0.0.1 login user password secret\n")
+    netrc.chmod(0o600)
+    monkeypatch.setenv("NETRC", str(netrc))
+    monkeypatch.setenv("HTTP_PROXY", f"http://puser:ppass@127.0.0.1:{relay.server_address[1]}")
+    for var in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    assert _export_empty_metrics(receiver.endpoint)
+    (via,) = relay.seen
+    assert via["line"] == f"POST {receiver.endpoint}/v1/metrics HTTP/1.1"
+    assert via["headers"]["Proxy-Authorization"] == "Basic " + base64.b64encode(b"puser:ppass").decode()
+    (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")  # kept after it answers
+    assert got["path"] == "/v1/metrics"
+    assert got["headers"]["Authorization"] == "Basic " + base64.b64encode(b"user:secret").decode()
+    assert got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
+    assert "Proxy-Authorization" not in got["headers"]
+
+
+def test_the_http_exporter_follows_a_redirect(relay, receiver):
+    """A 307 from the endpoint is followed (the post is sent again, body and headers, where it points)."""
+    relay.redirect_to = receiver.endpoint + "/v1/metrics"
+    assert _export_empty_metrics(f"http://127.0.0.1:{relay.server_address[1]}", headers={"x-tenant": "a"})
+    assert [s["line"] for s in relay.seen] == ["POST /v1/metrics HTTP/1.1"]
+    (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
+    assert got["path"] == "/v1/metrics" and got["headers"]["x-tenant"] == "a"
+    assert got["headers"]["Content-Type"] == "application/x-protobuf"
