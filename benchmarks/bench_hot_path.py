@@ -1,6 +1,6 @@
 """Hot-path and whole-pipeline cost per collective, ``fake`` backend (no transport to hide the cost).
 
-    python benchmarks/bench_hot_path.py [--calls 20000] [--repeats 7] [--chunk 2000] [--endpoint URL]
+    python benchmarks/bench_hot_path.py [--calls 20000] [--repeats 7] [--chunk 2000] [--endpoint URL [--grpc]]
 
 With the native part built (``otel-torchdist build-native``) the c10d wrapper's common case runs in C++;
 the last variant turns it off (``native="off"``), for the Python wrapper's cost.
@@ -22,7 +22,8 @@ often, which over OTLP/HTTP was 40 % of the default sampling's deferred cost.
 ``--endpoint http://127.0.0.1:4318``: spans and metrics go over OTLP/HTTP protobuf to that receiver (a
 collector such as rotel, started apart) instead of the run folder. The deferred cost is then this
 process's CPU time during the pause (its threads'), not the pause's wall time, which would include the
-receiver's own work on the same cores.
+receiver's own work on the same cores. With ``--grpc`` as well (``--endpoint http://127.0.0.1:4317``), over
+OTLP/gRPC.
 """
 
 from __future__ import annotations
@@ -109,11 +110,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--repeats", type=int, default=7, help="rounds (default 7)")
     parser.add_argument("--chunk", type=int, default=2000, help="calls between drains (default 2000)")
     parser.add_argument("--endpoint", help="export over OTLP/HTTP protobuf to this receiver instead of the run folder")
+    parser.add_argument("--grpc", action="store_true", help="with --endpoint: over OTLP/gRPC instead of HTTP")
     args = parser.parse_args(argv)
     clock = time.process_time_ns if args.endpoint else time.perf_counter_ns
     if args.endpoint:
-        export = dict(endpoint=args.endpoint, protocol="http/protobuf", metrics_exporter=("otlp",), traces_exporter="otlp")
-        where = f"OTLP/HTTP protobuf to {args.endpoint} (this process's CPU time)"
+        protocol = "grpc" if args.grpc else "http/protobuf"
+        export = dict(endpoint=args.endpoint, protocol=protocol, metrics_exporter=("otlp",), traces_exporter="otlp")
+        where = f"OTLP/{'gRPC' if args.grpc else 'HTTP protobuf'} to {args.endpoint} (this process's CPU time)"
     else:
         export = dict(metrics_exporter=("file",), traces_exporter="file")
         where = "OTLP/JSON file"
