@@ -19,7 +19,7 @@ import pytest
 import otel_torchdist
 from otel_torchdist import names as n
 
-from .harness import run_ranks, wait_for
+from .harness import library_log, run_ranks, wait_for
 from .peers import OtelTap, Rotel
 
 
@@ -146,19 +146,27 @@ def test_the_http_exporter_applies_the_environment_as_requests_would_read_once(m
 
 
 class _Relay(http.server.BaseHTTPRequestHandler):
-    """A real HTTP proxy for plain-HTTP targets (a request line with the absolute URL, as proxies get them),
-    or, with ``redirect_to`` set on its server, a collector that answers every POST with a 307 there."""
+    """A real HTTP proxy for plain-HTTP targets (a request line with the absolute URL, as proxies get them);
+    with ``redirect_to`` set on its server, a collector that answers every POST with a 307 there (whose body
+    is not the gzip its Content-Encoding says: clients skip a redirect's body); with ``cookie`` set, a
+    collector behind a load balancer that answers 200 and sets that sticky-session cookie."""
 
     protocol_version = "HTTP/1.1"
 
     def do_POST(self) -> None:
         body = self.rfile.read(int(self.headers.get("Content-Length", 0)))
         self.server.seen.append({"line": self.requestline, "headers": dict(self.headers)})
-        if self.server.redirect_to:
-            self.send_response(307)
-            self.send_header("Location", self.server.redirect_to)
-            self.send_header("Content-Length", "0")
+        if self.server.redirect_to or self.server.cookie:
+            reply = b"moved, not gzip" if self.server.redirect_to else b""
+            self.send_response(307 if self.server.redirect_to else 200)
+            if self.server.redirect_to:
+                self.send_header("Location", self.server.redirect_to)
+                self.send_header("Content-Encoding", "gzip")
+            else:
+                self.send_header("Set-Cookie", self.server.cookie + "; Path=/")
+            self.send_header("Content-Length", str(len(reply)))
             self.end_headers()
+            self.wfile.write(reply)
             return
         target = urllib.parse.urlsplit(self.path)
         forward = {k: v for k, v in self.headers.items() if k.lower() not in ("proxy-authorization", "proxy-connection")}
@@ -179,7 +187,7 @@ class _Relay(http.server.BaseHTTPRequestHandler):
 def relay():
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Relay)
     server.daemon_threads = True
-    server.seen, server.redirect_to = [], None
+    server.seen, server.redirect_to, server.cookie = [], None, None
     threading.Thread(target=server.serve_forever, args=(0.05,), daemon=True).start()
     yield server
     server.shutdown()
@@ -238,3 +246,36 @@ def test_the_http_exporter_follows_a_redirect(relay, receiver):
     (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
     assert got["path"] == "/v1/metrics" and got["headers"]["x-tenant"] == "a"
     assert got["headers"]["Content-Type"] == "application/x-protobuf"
+
+
+def test_the_http_exporter_sends_back_the_cookie_a_load_balancer_set(relay):
+    """As a requests session does: a sticky-session cookie set on one post goes with the next."""
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    relay.cookie = "AWSALB=abc"
+    sink = OtlpHttpSink(Config(endpoint=f"http://127.0.0.1:{relay.server_address[1]}"), "metrics", "http/protobuf")
+    try:
+        for _ in range(3):
+            assert sink.export_metrics({"service.name": "cookie-test"}, [], 0, 1, timeout=10)
+    finally:
+        sink.shutdown()
+    assert [s["headers"].get("Cookie") for s in relay.seen] == [None, "AWSALB=abc", "AWSALB=abc"]
+
+
+def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch):
+    """HTTP_PROXY=http://[::1 (a typo) is refused by requests: the exporter is still made, and each export
+    fails, is logged once and counted, as with any failing backend."""
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    monkeypatch.setenv("HTTP_PROXY", "http://[::1")
+    for var in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+    sink = OtlpHttpSink(Config(endpoint="http://127.0.0.1:4318"), "metrics", "http/protobuf")
+    with library_log() as messages:
+        assert not sink.export_metrics({"service.name": "proxy-typo"}, [], 0, 1, timeout=2)
+        assert not sink.export_metrics({"service.name": "proxy-typo"}, [], 0, 1, timeout=2)
+    sink.shutdown()
+    failing = [m for m in messages if "is failing" in m]
+    assert len(failing) == 1 and "Invalid" in failing[0], failing
