@@ -279,3 +279,22 @@ def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch)
     sink.shutdown()
     failing = [m for m in messages if "is failing" in m]
     assert len(failing) == 1 and "Invalid" in failing[0], failing
+
+
+def test_without_the_adapter_method_of_requests_2_32_2_posts_go_through_session_post(monkeypatch, receiver):
+    """requests older than 2.32.2 (the method taken away here) has no get_connection_with_tls_context: the
+    exporter posts through Session.post, same headers."""
+    import requests
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    monkeypatch.delattr(requests.adapters.HTTPAdapter, "get_connection_with_tls_context")
+    sink = OtlpHttpSink(Config(endpoint=receiver.endpoint, headers={"x-tenant": "b"}), "metrics", "http/protobuf")
+    try:
+        assert sink._adapter is None
+        assert sink.export_metrics({"service.name": "old-requests"}, [], 0, 1, timeout=10)
+    finally:
+        sink.shutdown()
+    (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
+    assert got["headers"]["x-tenant"] == "b" and got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
