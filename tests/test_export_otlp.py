@@ -281,20 +281,19 @@ def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch)
     assert len(failing) == 1 and "Invalid" in failing[0], failing
 
 
-def test_without_the_adapter_method_of_requests_2_32_2_posts_go_through_session_post(monkeypatch, receiver):
-    """requests older than 2.32.2 (the method taken away here) has no get_connection_with_tls_context: the
-    exporter posts through Session.post, same headers."""
-    import requests
-
+def test_the_session_post_fallback_sends_the_same_request(receiver):
+    """The exporter's fallback (taken when requests refuses a setting, or is older than 2.32.2 and has no
+    get_connection_with_tls_context, which its own send() uses from that version on, so it cannot be taken
+    away here): Session.post, with the same headers."""
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
 
-    monkeypatch.delattr(requests.adapters.HTTPAdapter, "get_connection_with_tls_context")
     sink = OtlpHttpSink(Config(endpoint=receiver.endpoint, headers={"x-tenant": "b"}), "metrics", "http/protobuf")
+    sink._adapter = None  # what the constructor leaves in those cases
     try:
-        assert sink._adapter is None
-        assert sink.export_metrics({"service.name": "old-requests"}, [], 0, 1, timeout=10)
+        assert sink.export_metrics({"service.name": "fallback"}, [], 0, 1, timeout=10)
     finally:
         sink.shutdown()
     (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
-    assert got["headers"]["x-tenant"] == "b" and got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
+    assert got["path"] == "/v1/metrics" and got["headers"]["x-tenant"] == "b"
+    assert got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
