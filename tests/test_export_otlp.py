@@ -203,6 +203,13 @@ def receiver():
     rx.stop()
 
 
+def _only_http_proxy(monkeypatch, url: str) -> None:
+    """HTTP_PROXY set to ``url``, with no NO_PROXY (nor a lower-case twin) to bypass it for 127.0.0.1."""
+    monkeypatch.setenv("HTTP_PROXY", url)
+    for var in ("NO_PROXY", "no_proxy", "http_proxy"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def _export_empty_metrics(endpoint: str, **options) -> bool:
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
@@ -224,9 +231,7 @@ def test_the_http_exporter_goes_through_a_proxy_with_its_credentials_and_the_net
     netrc.write_text("machine 127.0.0.1 login user password secret\n")
     netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
-    monkeypatch.setenv("HTTP_PROXY", f"http://puser:ppass@127.0.0.1:{relay.server_address[1]}")
-    for var in ("NO_PROXY", "no_proxy", "http_proxy"):
-        monkeypatch.delenv(var, raising=False)
+    _only_http_proxy(monkeypatch, f"http://puser:ppass@127.0.0.1:{relay.server_address[1]}")
     assert _export_empty_metrics(receiver.endpoint)
     (via,) = relay.seen
     assert via["line"] == f"POST {receiver.endpoint}/v1/metrics HTTP/1.1"
@@ -269,9 +274,7 @@ def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch)
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
 
-    monkeypatch.setenv("HTTP_PROXY", "http://[::1")
-    for var in ("NO_PROXY", "no_proxy", "http_proxy"):
-        monkeypatch.delenv(var, raising=False)
+    _only_http_proxy(monkeypatch, "http://[::1")
     sink = OtlpHttpSink(Config(endpoint="http://127.0.0.1:4318"), "metrics", "http/protobuf")
     with library_log() as messages:
         assert not sink.export_metrics({"service.name": "proxy-typo"}, [], 0, 1, timeout=2)
