@@ -59,14 +59,22 @@ def _tracker():
 
 
 def step_begin(n: int | None = None, *, total: int | None = None) -> int | None:
-    """Start training step ``n`` (default: the next one). Marking steps turns off optimizer-closed steps."""
+    """Start training step ``n`` (default: the next one). Marking steps turns off optimizer-closed steps.
+
+    Begun inside a span of yours, this rank's step span is that span's child (in its trace)."""
     tracker = _tracker()
     if tracker is None:
         return None
     tracker.explicit = True
     if total is not None:
         tracker.total = int(total)
-    return tracker.begin(n, source="explicit")
+    return tracker.begin(n, source="explicit", parent=_otel_spans().current_span_ids())
+
+
+def _otel_spans():
+    from .export import otel_spans
+
+    return otel_spans
 
 
 def step_end() -> None:
@@ -80,29 +88,34 @@ def step_end() -> None:
 def step(n: int | None = None, *, total: int | None = None):
     """``with otel_torchdist.step(n):`` marks one training (or evaluation) step explicitly.
 
-    All ranks' spans of step ``n`` share one trace. ``total`` (the number of steps) enables the ETA
+    All ranks' spans of step ``n`` share one trace; inside a span of yours, this rank's step span is its child
+    instead, linked to the step's shared root. In a traced step, the step's span is the current span inside
+    the block: spans you start there are its children. ``total`` (the number of steps) enables the ETA
     metric. With ``compile_capture="sampled"``, compiled code's collectives are recorded in sampled steps.
     """
     tracker = _tracker()
     if tracker is None:
         yield
         return
+    from .capture import record
+
     step_begin(n, total=total)
+    ctx = record.STEP[0]
+    traced = ctx is not None and ctx[3]
+    token = _otel_spans().attach_span(ctx[1], ctx[2], True) if traced else None
     deep = None
-    if tracker.cfg.compile_capture == "sampled":
-        from .capture import record
+    if traced and tracker.cfg.compile_capture == "sampled":
+        from .capture.deep import deep_capture as _deep
 
-        ctx = record.STEP[0]
-        if ctx is not None and ctx[3]:
-            from .capture.deep import deep_capture as _deep
-
-            deep = _deep()
-            deep.__enter__()
+        deep = _deep()
+        deep.__enter__()
     try:
         yield
     finally:
         if deep is not None:
             deep.__exit__(None, None, None)
+        if token is not None:
+            _otel_spans().detach(token)
         step_end()
 
 

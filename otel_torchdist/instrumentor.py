@@ -12,9 +12,12 @@ from collections.abc import Collection
 from typing import Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
+from opentelemetry.metrics import MeterProvider
+from opentelemetry.trace import TracerProvider
 
 from . import config as _config
 from . import runtime as _runtime
+from .export import providers as _providers
 from .package import _instruments
 
 
@@ -23,10 +26,14 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         return _instruments
 
     def _instrument(self, **kwargs: Any) -> None:
+        tracer_provider = kwargs.pop("tracer_provider", None)
+        meter_provider = kwargs.pop("meter_provider", None)
+        _providers.check("tracer_provider", tracer_provider, TracerProvider)
+        _providers.check("meter_provider", meter_provider, MeterProvider)
         cfg = _config.load(kwargs)
         if cfg.disabled:
             return
-        rt = _runtime.Runtime(cfg)
+        rt = _runtime.Runtime(cfg, tracer_provider, meter_provider)
         try:
             rt.start()
         except BaseException:

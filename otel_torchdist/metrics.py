@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import bisect
 import threading
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import names as n
@@ -139,10 +140,11 @@ def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: d
 class Histogram:
     """A cumulative histogram of seconds over ``bounds`` (the ``histogram_buckets`` option)."""
 
-    __slots__ = ("bounds", "count", "sum", "buckets", "min", "max")
+    __slots__ = ("bounds", "count", "sum", "buckets", "min", "max", "tap")
 
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         self.bounds = bounds
+        self.tap: Callable[[float], None] | None = None  # also gets every value (export.otel_metrics)
         self.count = 0
         self.sum = 0.0
         self.buckets = [0] * (len(bounds) + 1)
@@ -157,6 +159,8 @@ class Histogram:
             self.min = value
         if self.max is None or value > self.max:
             self.max = value
+        if self.tap is not None:
+            self.tap(value)
 
     def point(self, labels: dict[str, str]) -> HistogramPoint:
         return HistogramPoint(labels, self.count, self.sum, list(self.buckets), self.bounds, self.min, self.max)
@@ -189,6 +193,16 @@ class FrameworkMetrics:
         self._histograms: dict[tuple[str, tuple], Histogram] = {}
         self._gauges: dict[tuple[str, tuple], Cell] = {}
         self._counters: dict[tuple[str, tuple], Cell] = {}
+        # (metric, labels) -> a function every value of that histogram also goes to (export.otel_metrics)
+        self._tap: Callable[[n.Metric, dict[str, str]], Callable[[float], None]] | None = None
+        self._base: dict[str, str] = {}
+
+    def set_tap(self, tap: Callable[[n.Metric, dict[str, str]], Callable[[float], None]] | None, base_labels: dict[str, str]) -> None:
+        """Send every histogram value also to ``tap(metric, labels)`` (None: no more), bound ones included."""
+        with self.lock:
+            self._tap, self._base = tap, dict(base_labels)
+            for (name, values), h in self._histograms.items():
+                h.tap = None if tap is None else tap(self._metrics[name], _labels(self._metrics[name], self._base, values))
 
     def histogram(self, metric: n.Metric, labels: tuple = ()) -> Histogram:
         """The histogram of ``metric`` at ``labels``, created at zero: update it holding ``lock``."""
@@ -212,6 +226,8 @@ class FrameworkMetrics:
             if key[0] not in self._metrics:
                 self._metrics[key[0]] = metric
             child = table[key] = make(arg)
+            if self._tap is not None and table is self._histograms:
+                child.tap = self._tap(metric, _labels(metric, self._base, labels))
         return child
 
     def observe(self, metric: n.Metric, labels: tuple, value: float) -> None:

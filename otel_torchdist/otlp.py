@@ -41,6 +41,7 @@ class SpanData:
     events: list[tuple[str, int, list[tuple[str, Any]]]] = field(default_factory=list)
     sampled: bool = True
     remote_parent: bool = False  # the parent span is made by another process (a rank's step under rank 0's)
+    links: tuple = ()  # (trace id, span id, attribute pairs): a rank's step under the caller's span, to its step's root
 
     def all_attributes(self) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -129,6 +130,9 @@ def span_pb(s: SpanData) -> bytes:
     for ev_name, t, attrs in s.events:
         body = b"\x09" + wire.fixed64(t) + wire.length_delimited(2, ev_name.encode()) + wire.attributes_pb(3, attrs)
         parts.append(wire.length_delimited(11, body))
+    for trace_id, span_id, attrs in s.links:  # Span.links: trace_id, span_id, attributes, flags (sampled)
+        body = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
+        parts.append(wire.length_delimited(13, body + wire.attributes_pb(4, attrs) + b"\x35" + wire.fixed32(0x101)))
     if s.error is not None:
         parts.append(wire.length_delimited(15, wire.length_delimited(2, s.error.encode()) + b"\x18\x02"))
     parts.append(b"\x85\x01" + wire.fixed32(_flags(s)))  # flags (field 16, fixed32)
@@ -260,6 +264,11 @@ def span_json(s: SpanData) -> str:
             '{"name":%s,"timeUnixNano":"%d","attributes":[%s]}' % (json.dumps(name), t, ",".join(wire.attributes_json(a)))
             for name, t, a in s.events
         )
+    if s.links:
+        out += ',"links":[%s]' % ",".join(
+            '{"traceId":"%032x","spanId":"%016x","attributes":[%s],"flags":257}' % (t, sp, ",".join(wire.attributes_json(a)))
+            for t, sp, a in s.links
+        )
     if s.error is not None:
         out += ',"status":{"code":%d,"message":%s}' % (STATUS_ERROR, json.dumps(s.error))
     return out + "}"
@@ -298,7 +307,12 @@ def spans_to_json(resource: dict[str, Any], spans: list[SpanData]) -> str:
     return trace_request_json(resource, [span_json(s) for s in spans])
 
 
-SPAN_ENCODERS = {"pb": span_pb, "json": span_json}
+def span_data(s: SpanData) -> SpanData:
+    """The "encoding" of sinks that take spans as they are (export.otel_spans.TracerSink)."""
+    return s
+
+
+SPAN_ENCODERS = {"pb": span_pb, "json": span_json, "data": span_data}
 
 
 def use_native(mod: Any) -> None:

@@ -23,6 +23,7 @@ from . import bandwidth as bw
 from . import health
 from . import names as n
 from .capture import ddp_native, groups, record
+from .capture.caller import span_context
 from .capture import record as R
 from .config import Config
 from .export.sinks import Sink
@@ -69,6 +70,7 @@ class Pipeline:
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
         self.metric_interval = cfg.metric_export_interval
         self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
+        self.meter: Any = None  # export.otel_metrics.MeterBridge: every duration also to a MeterProvider
         self.framework = FrameworkMetrics(self.bounds)
         self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
         self.last_closed_step = 0
@@ -220,6 +222,15 @@ class Pipeline:
             self.store = mod.MetricStore(self.bounds, Series)
             self._fold = mod.fold
 
+    def bridge_metrics(self, meter: Any) -> None:
+        """Record every duration in ``meter`` too (export.otel_metrics.MeterBridge), and read the totals from
+        this pipeline: the native fold does not hand single values back, so records go through process()."""
+        with self._drain_lock:
+            self.meter = meter
+            self._fold = None
+        self.framework.set_tap(meter.tap, self.base_labels)
+        meter.read_from(self.metric_data)
+
     def _fold_failed(self, exc: Exception) -> None:
         health.error("pipeline", "could not fold a record into the metrics", exc)
 
@@ -299,6 +310,8 @@ class Pipeline:
             else:
                 health.dropped("span")
         self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, rec[_ERROR] is not None, exemplar)
+        if self.meter is not None:
+            self.meter.collective(rec[_OP], gi.label, seconds, exemplar)
         seq = rec[_SEQ]
         # A collective that failed did not complete: counting it would tell the hang report it completed later.
         if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED and rec[_ERROR] is None:
@@ -354,10 +367,9 @@ class Pipeline:
     def parent_of(self, user: Any, fw: tuple | None, step: tuple | None) -> tuple[int, int | None, bool]:
         """Trace, parent span and sampling: the caller's own OpenTelemetry span first, then the framework
         context's parent (an optimizer step), then the training step, else a new trace."""
-        if user is not None:
-            ctx = user.get_span_context()
-            if ctx.is_valid:
-                return ctx.trace_id, ctx.span_id, self.sampler.decide(ctx.trace_id, bool(ctx.trace_flags.sampled))
+        ctx = span_context(user, step)
+        if ctx is not None:
+            return ctx.trace_id, ctx.span_id, self.sampler.decide(ctx.trace_id, bool(ctx.trace_flags.sampled))
         if fw is not None and fw[3] is not None:
             return fw[3], fw[4], self.sampled(fw[3], None, fw, step)
         if step is not None:
@@ -367,10 +379,9 @@ class Pipeline:
 
     def sampled(self, trace_id: int, user: Any, fw: tuple | None, step: tuple | None) -> bool:
         """Whether a span of ``trace_id`` opened under this context is kept (same rules as parent_of)."""
-        if user is not None:
-            ctx = user.get_span_context()
-            if ctx.is_valid and ctx.trace_id == trace_id:
-                return self.sampler.decide(trace_id, bool(ctx.trace_flags.sampled))
+        ctx = span_context(user, step)
+        if ctx is not None and ctx.trace_id == trace_id:
+            return self.sampler.decide(trace_id, bool(ctx.trace_flags.sampled))
         if step is not None and step[1] == trace_id:
             return step[3]
         return self.sampler.decide(trace_id, None)
@@ -534,4 +545,7 @@ class Pipeline:
             ok = self.export_metrics(remaining) and ok
         else:
             ok = False
+        # What went to an application's providers: their processors and readers hold it until they export.
+        for part in [s for s in self.span_sinks if s.span_format == "data"] + ([self.meter] if self.meter else []):
+            ok = part.flush(deadline - time.monotonic()) and ok
         return ok

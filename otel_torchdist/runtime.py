@@ -29,6 +29,9 @@ from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
 from .config import Config
 from .export import node as _node
+from .export import providers as _providers
+from .export.otel_metrics import MeterBridge
+from .export.otel_spans import ProviderSampler, TracerSink
 from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
 from .identity import Identity, resolve, resource_attributes, sanitize
@@ -92,8 +95,11 @@ def _load_builtin_components() -> None:
 
 
 class Runtime:
-    def __init__(self, cfg: Config) -> None:
+    def __init__(self, cfg: Config, tracer_provider: Any = None, meter_provider: Any = None) -> None:
         self.cfg = cfg
+        self.given = (tracer_provider, meter_provider)  # instrument(tracer_provider=, meter_provider=)
+        self.providers: _providers.Providers | None = None
+        self.meter: MeterBridge | None = None
         self.patcher = Patcher()
         self.pipeline = Pipeline(cfg)
         self.identity: Identity | None = None
@@ -219,7 +225,14 @@ class Runtime:
         labels = {n.M_RUN: ident.run_id}
         if cfg.metrics_rank_label and not by_node:
             labels[n.M_RANK] = str(ident.rank)
-        span_sinks, metric_sinks = _sinks.build(cfg, folder, ident.rank)
+        providers = self.providers = _providers.choose(*self.given)
+        span_sinks, metric_sinks = _sinks.build(
+            cfg, folder, ident.rank, traces=providers.tracer_provider is None, metrics=providers.meter_provider is None
+        )
+        if providers.tracer_provider is not None:
+            scope = {n.RANK: ident.rank, n.RUN_ID: ident.run_id, n.WORLD_SIZE: ident.world_size}
+            span_sinks.append(TracerSink(providers.tracer_provider, providers.tracer_origin, scope))
+            self.pipeline.sampler = ProviderSampler(providers.tracer_provider)
         exporting = True
         if by_node:
             exporting, metric_sinks = self._join_node(ident, metric_sinks)
@@ -228,10 +241,15 @@ class Runtime:
             self.pipeline.stop_tracing()
         self.destinations = [f"traces: {s.describe()}" + ("" if traced else " (warnings only: not in trace_ranks)") for s in span_sinks]
         self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
+        if providers.meter_provider is not None:
+            self.meter = MeterBridge(providers.meter_provider, providers.meter_origin, self.pipeline.bounds, labels)
+            self.destinations.append(f"metrics: {self.meter.describe()}")
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)
         self._write_json(f"resource.rank{ident.rank}.json", resource)
         self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks)
+        if self.meter is not None:
+            self.pipeline.bridge_metrics(self.meter)
         for comp in self.components:
             try:
                 comp.start(self)
@@ -410,6 +428,8 @@ class Runtime:
                 health.error("component", f"{comp.name} could not stop", exc)
         self._finish_node()
         self.pipeline.stop(self.cfg.flush_timeout)
+        if self.meter is not None:
+            self.meter.close(self.pipeline.metric_data())
         native_hot.deactivate()
         otlp.use_native(None)
         ddp_native.deactivate(restore)

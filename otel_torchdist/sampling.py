@@ -11,6 +11,8 @@ _MAX = 1 << 64
 
 
 class Sampler:
+    narrows = False  # replaces the library's step choice when configured (steps.StepTracker.sampled)
+
     def __init__(self, name: str, arg: float) -> None:
         self.name = name
         self.parent_based = name.startswith("parentbased_")

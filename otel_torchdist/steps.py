@@ -244,25 +244,47 @@ class StepTracker:
     def sampled(self, index: int, trace_id: int) -> bool:
         if self.pipeline is not None and not self.pipeline.traced:
             return False
-        if self.cfg.traces_sampler is not None and self.pipeline is not None:
-            return self.pipeline.sampler.root(trace_id)
+        sampler = self.pipeline.sampler if self.pipeline is not None else None
+        if self.cfg.traces_sampler is not None and sampler is not None and not sampler.narrows:
+            return sampler.root(trace_id)  # the library's own exporters: OTEL_TRACES_SAMPLER picks the steps
         every = self.cfg.trace_every_steps
-        return index <= self.cfg.trace_first_steps or (every > 0 and index % every == 0)
+        picked = index <= self.cfg.trace_first_steps or (every > 0 and index % every == 0)
+        # Through a provider, its sampler may drop a step the library picked (ProviderSampler).
+        return picked and (sampler is None or not sampler.narrows or sampler.root(trace_id))
 
-    def begin(self, index: int | None = None, source: str = "explicit", t_start: int | None = None) -> int:
+    def begin(
+        self, index: int | None = None, source: str = "explicit", t_start: int | None = None, parent: tuple | None = None
+    ) -> int:
+        """``parent``: (trace id, span id, sampled) of the caller's span around an explicit step, whose child the
+        rank's step span then is (in the caller's trace, linked to the step's shared root)."""
         with self._lock:
-            if self.open and source == "explicit" and self.source == "optimizer" and (index is None or int(index) == self.index):
+            took_over = self.open and source == "explicit" and self.source == "optimizer" and (index is None or int(index) == self.index)
+            if took_over:
                 # An explicit step numbered like the open optimizer-closed one (or not numbered) would share
                 # its trace and span ids: what that one holds so far (set-up before the loop) becomes part of
                 # the explicit step, which keeps its start, so that the set-up's spans lie inside their
                 # parent. (Unnumbered, it ended that one and began at 2: step 1 never existed.)
                 self.source = source
-                return self.index
-            if self.open:
-                # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
-                self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
-            index = self.index + 1 if index is None else int(index)
-            return self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
+                index = self.index
+            else:
+                if self.open:
+                    # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
+                    self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
+                index = self.index + 1 if index is None else int(index)
+                index = self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
+            ctx = R.STEP[0]
+            if parent is not None and ctx is not None:
+                # Under the caller's span: the rank's step is a child of it, in its trace, kept when the library
+                # picks the step and the caller's span is sampled; it still names the shared root (a link).
+                # A step that took over the open one keeps its trace, whose spans (set-up) may be out already,
+                # and links to the caller's span instead.
+                trace, span, sampled = parent
+                if took_over:
+                    ctx = ctx[:5] + ((trace, span), ctx[6])
+                else:
+                    ctx = (ctx[0], trace, ctx[2], ctx[3] and sampled, ctx[4], (trace, span), ctx[6])
+                R.STEP[0] = R.RECENT_STEPS[index & 255] = ctx
+            return index
 
     def _begin(self, index: int, source: str, t_start: int) -> int:
         """begin() with the lock held and every argument given (the optimizer's path calls it per step)."""
@@ -285,9 +307,11 @@ class StepTracker:
         return index
 
     def _context(self, index: int) -> tuple:
-        """Step ``index``'s context (R.STEP): (index, trace id, this rank's span id, sampled, root span id)."""
+        """Step ``index``'s context (R.STEP): (index, trace id, this rank's span id, sampled, root span id, the
+        caller's span (trace id, span id) the step was begun in or None, the shared trace id of the step's
+        root: the step is in the caller's trace when its trace id is not the shared one)."""
         trace, root, rank_span = step_ids(self.trace_key, index, self.rank)
-        return (index, trace, rank_span, self.sampled(index, trace), root)
+        return (index, trace, rank_span, self.sampled(index, trace), root, None, trace)
 
     def end(
         self,
@@ -476,13 +500,15 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
 
 def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:
     """A closed step, for its spans and its slow-step warning (only those steps pay for the dict)."""
-    index, trace, rank_span, sampled, root = ctx
+    index, trace, rank_span, sampled, root, parent, shared = ctx
     return {
         "index": index,
         "trace": trace,
         "rank_span": rank_span,
         "sampled": sampled,
         "root": root,
+        "parent": parent,
+        "shared": shared,
         "t_start": t0,
         "t_end": t1,
         "source": source,
@@ -531,8 +557,13 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
     ):
         if key in user:
             attrs.append((attr, user[key]))
-    trace, root, rank_span = info["trace"], info["root"], info["rank_span"]
-    span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs, remote_parent=tracker.rank != 0)
+    trace, root, rank_span, parent, shared = info["trace"], info["root"], info["rank_span"], info["parent"], info["shared"]
+    if parent is not None and trace != shared:  # under the caller's span, in its trace: linked to the step's root
+        span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, parent[1], t0 + off, t1 + off, attrs, links=((shared, root, ()),))
+    else:  # under the step's root; linked to the caller's span when begun inside one
+        span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs, remote_parent=tracker.rank != 0)
+        if parent is not None:
+            span.links = ((parent[0], parent[1], ()),)
     if info["error"]:
         etype, message = info["error"]
         span.error = f"{etype}: {message}"
@@ -543,7 +574,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         pipeline.add_span(
             SpanData(
                 n.SPAN_STEP,
-                trace,
+                shared,
                 root,
                 None,
                 t0 + off,

@@ -59,6 +59,7 @@ ODD = [
     otlp.SpanData("spán \"name\"", (1 << 128) - 1, (1 << 64) - 1, (1 << 64) - 1, 2**62, 2**63 - 1, [("d", 1e-5)]),
     otlp.SpanData("zero_parent", 5, 6, 0, 1, 2, [], shared=((), SHARED)),
     otlp.SpanData("unsampled_remote", 5, 6, 7, 1, 2, [("x", 0.0)], sampled=False, remote_parent=True),
+    otlp.SpanData("linked", 5, 6, 7, 1, 2, [("x", 1)], links=((8, 9, ()), ((1 << 128) - 1, 10, (("k", "v"),)))),
     *(otlp.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", _Pair(x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
 ]
 
@@ -119,8 +120,8 @@ def test_spans_the_python_encoders_refuse_are_refused_alike(mod):
 def test_instrument_encodes_with_the_native_part_and_native_off_with_python(fake_pg, instrumented, native_built):
     module = native.load()
     instrumented(native="auto", drain_interval=3600.0)
-    assert otlp.SPAN_ENCODERS == {"json": module.span_json, "pb": module.span_pb}
+    assert otlp.SPAN_ENCODERS == {"json": module.span_json, "pb": module.span_pb, "data": otlp.span_data}
     otel_torchdist.uninstrument()
-    assert otlp.SPAN_ENCODERS == {"json": otlp.span_json, "pb": otlp.span_pb}
+    assert otlp.SPAN_ENCODERS == {"json": otlp.span_json, "pb": otlp.span_pb, "data": otlp.span_data}
     instrumented(native="off", drain_interval=3600.0)
-    assert otlp.SPAN_ENCODERS == {"json": otlp.span_json, "pb": otlp.span_pb}
+    assert otlp.SPAN_ENCODERS == {"json": otlp.span_json, "pb": otlp.span_pb, "data": otlp.span_data}

@@ -127,8 +127,11 @@ def test_the_callers_span_and_the_framework_context_and_step_are_recorded(hot):
         context.pop(token)
         R.STEP[0] = saved_step
     _same(native, python)
-    assert native[R.PARENT] is span and native[R.STEPCTX] == step and native[R.CTX] is not None
+    # The caller's Context, whose current span is the caller's (capture/caller.py resolves it off the hot path).
+    assert trace.get_current_span(native[R.PARENT]) is span and native[R.STEPCTX] == step and native[R.CTX] is not None
     assert trace.get_current_span() is not span
+    native, python = _both("all_reduce", lambda: dist.all_reduce(torch.ones(3)))
+    assert native[R.PARENT] is None is python[R.PARENT]  # no span, nothing in the context: nothing kept
 
 
 def test_what_it_does_not_take_goes_to_the_python_body(hot):
@@ -277,13 +280,13 @@ def test_what_the_python_body_would_not_catch_propagates_before_the_call(hot):
 
 def test_a_failing_context_getter_hands_the_call_to_python(hot, monkeypatch):
     """OpenTelemetry with a runtime context of its own: the native path calls its getter; when that fails,
-    the Python body takes the call (which reads the context its own way) and the result passes through."""
-    from otel_torchdist.capture import ddp_native, native_hot
+    the Python body takes the call and the result passes through."""
+    from otel_torchdist.capture import caller, ddp_native, native_hot
 
     def failing():
         raise RuntimeError("no context here")
 
-    monkeypatch.setattr(native_hot, "_context_source", lambda: failing)
+    monkeypatch.setattr(caller, "get_current", failing)  # what activate() hands the native part
     native_hot.activate(ddp_native.module())
     try:
         rec, in_python, result = _call(dist.all_reduce, torch.ones(4))

@@ -90,6 +90,12 @@ def _expected_description_attributes() -> dict:
     expected = {n.NODE_COUNT: 1}  # the launcher sets WORLD_SIZE = LOCAL_WORLD_SIZE = 2: one node
     if torch.version.cuda:
         expected[n.CUDA_VERSION] = torch.version.cuda
+        try:  # torch's CUDA build loads the NCCL of its wheel even without a GPU on some machines
+            nccl = torch.cuda.nccl.version() if torch.distributed.is_nccl_available() else None
+        except Exception:
+            nccl = None
+        if nccl:
+            expected[n.NCCL_VERSION] = ".".join(map(str, nccl))
     if GPU_VISIBLE:
         expected[n.GPU_COUNT] = GPU_VISIBLE
     return expected

@@ -21,7 +21,6 @@ pass through untouched; a failure to describe a call is counted and the call pro
 from __future__ import annotations
 
 import contextlib
-import contextvars
 import functools
 import sys
 from collections.abc import Callable
@@ -31,13 +30,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import completion, groups
+from . import caller, completion, groups
 from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
 from . import record as R
 from .record import QUEUE, TLS, complete, error_info
@@ -73,29 +71,8 @@ SOURCE_PG = "process_group"
 SOURCE_COALESCING = "coalescing_manager"
 
 
-def context_var() -> contextvars.ContextVar | None:
-    """OpenTelemetry's current-context ContextVar when its default runtime context is in use, else None."""
-    from opentelemetry import context as _context
-
-    var = getattr(getattr(_context, "_RUNTIME_CONTEXT", None), "_current_context", None)
-    return var if isinstance(var, contextvars.ContextVar) else None
-
-
-def _current_context_getter() -> Callable[[], Any]:
-    """The cheapest way to the current OpenTelemetry Context: its ContextVar when the default runtime
-    context is in use (two Python calls fewer per collective), else the public API."""
-    from opentelemetry import context as _context
-
-    var = context_var()
-    return var.get if var is not None else _context.get_current
-
-
-_current_context = _current_context_getter()
-
-
-def _parent_span():
-    """The caller's current OpenTelemetry span object, if any (its context is read off the hot path)."""
-    return _current_context().get(_SPAN_KEY)
+_get_current = caller.get_current  # the caller's OpenTelemetry Context (capture.caller), in one call
+_parent_span = caller.current
 
 
 def _in_coalescing(group: Any) -> bool:
@@ -152,7 +129,7 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
             return [
                 op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
                 x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
-                None, None, _current_context().get(_SPAN_KEY), None, None, False,
+                None, None, _get_current() or None, None, None, False,
                 TLS.ctx, _graph_task_id() != -1, _STEP[0],
             ]  # fmt: skip
         rec = _new(op, kind, SOURCE_C10D, gi.gid)

@@ -38,7 +38,6 @@ from typing import Any
 import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
-from opentelemetry.trace.propagation import _SPAN_KEY
 from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook as _allreduce_hook
 from torch.overrides import has_torch_function as _has_torch_function
 
@@ -49,7 +48,7 @@ from ..patching import Patch
 from . import c10d as c10d_capture
 from . import completion, context, ddp_native, emit, groups
 from . import record as R
-from .c10d import _current_context
+from .caller import get_current as _get_current
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_compiling = torch.compiler.is_compiling
@@ -135,7 +134,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         rec = facts.template.copy()
         rec[_BWD] = _graph_task_id() != -1
         rec[_STEPCTX] = _STEP[0]
-        rec[_PARENT] = _current_context().get(_SPAN_KEY)
+        rec[_PARENT] = _get_current() or None
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return _general(state, bucket)

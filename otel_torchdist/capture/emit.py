@@ -12,17 +12,16 @@ from __future__ import annotations
 
 from typing import Any
 
-from opentelemetry.trace.propagation import _SPAN_KEY
-
 from .. import names as n
 from ..otlp import SpanData
 from ..spans import new_span_id, new_trace_id
 from . import record as R
-from .c10d import _current_context
+from .caller import get_current as _get_current
+from .caller import span_context
 
 
 def snapshot() -> tuple[Any, tuple | None, tuple | None]:
-    return _current_context().get(_SPAN_KEY), R.TLS.ctx, R.STEP[0]
+    return _get_current() or None, R.TLS.ctx, R.STEP[0]
 
 
 def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
@@ -35,10 +34,9 @@ def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
 def open_span(snap: tuple) -> tuple[int, int, int | None]:
     """(trace id, span id, parent span id) for a span whose children are recorded before it ends."""
     user, fw, step = snap
-    if user is not None:
-        ctx = user.get_span_context()
-        if ctx.is_valid:
-            return ctx.trace_id, new_span_id(), ctx.span_id
+    ctx = span_context(user, step)
+    if ctx is not None:
+        return ctx.trace_id, new_span_id(), ctx.span_id
     if fw is not None and fw[3] is not None:
         return fw[3], new_span_id(), fw[4]
     if step is not None:

@@ -18,25 +18,14 @@ import torch.distributed.distributed_c10d as c10d_module
 
 from .. import health
 from .. import names as n
-from . import c10d, groups
+from . import c10d, caller, groups
 from . import record as R
-
-
-def _context_source() -> Any:
-    """OpenTelemetry's current-context ContextVar when the default runtime context is in use (read without
-    a Python call), else the public getter."""
-    from opentelemetry import context as _context
-
-    var = c10d.context_var()
-    return var if var is not None else _context.get_current
 
 
 def activate(mod: ModuleType | None) -> None:
     """Hand the eligible wrappers of this instrument() to the native part ``mod`` (None: Python only)."""
     if mod is None:
         return
-    from opentelemetry.trace.propagation import _SPAN_KEY
-
     try:
         mod.hot_setup(
             {
@@ -46,8 +35,7 @@ def activate(mod: ModuleType | None) -> None:
                 "limit": R._limit,
                 "dropped": R._dropped,
                 "step": R.STEP,
-                "context": _context_source(),
-                "span_key": _SPAN_KEY,
+                "context": caller.get_current,
                 "groups": groups._groups,
                 "world": c10d_module._world,
                 "coalesce": c10d._coalesce_state,

@@ -17,13 +17,12 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-from opentelemetry.trace.propagation import _SPAN_KEY
 
 from .. import health
 from .. import names as n
 from . import context, emit
 from . import record as R
-from .c10d import _current_context
+from .caller import get_current as _get_current
 
 _tls = threading.local()
 _handles: list[Any] = []
@@ -117,7 +116,7 @@ def _pre(optimizer, args, kwargs) -> None:
             R.TLS.ctx = st.token
         st.depth = 1
         tls = R.TLS
-        user, fw, step = _current_context().get(_SPAN_KEY), tls.ctx, R.STEP[0]
+        user, fw, step = _get_current() or None, tls.ctx, R.STEP[0]
         if emit.untraced(user, fw, step):
             # Its optimizer.step span is never built, so it gets no id (the collectives the step issues fall
             # back to the training step as their parent, untraced as well).

@@ -51,6 +51,10 @@ class Sink:
     ) -> bool:
         return True
 
+    def flush(self, timeout: float) -> bool:
+        """Push out what this sink buffers itself, within ``timeout`` seconds (the sinks here buffer nothing)."""
+        return True
+
     def shutdown(self) -> None:
         pass
 
@@ -568,12 +572,13 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
-def build(cfg: Config, folder: str, rank: int) -> tuple[list[Sink], list[Sink]]:
-    """The span sinks and metric sinks ``cfg`` asks for."""
+def build(cfg: Config, folder: str, rank: int, traces: bool = True, metrics: bool = True) -> tuple[list[Sink], list[Sink]]:
+    """The span sinks and metric sinks ``cfg`` asks for (``traces`` / ``metrics`` False: none for that
+    signal, which goes through a provider of the application's instead)."""
     span_sinks: list[Sink] = []
     metric_sinks: list[Sink] = []
-    traces = cfg.resolved_traces_exporter()
-    metrics = cfg.resolved_metrics_exporters()
+    traces = cfg.resolved_traces_exporter() if traces else "none"
+    metrics = cfg.resolved_metrics_exporters() if metrics else ()
     if traces == "otlp":
         proto = cfg.traces_protocol or cfg.protocol
         span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))

@@ -4,7 +4,7 @@
 //
 // What recurs from span to span is encoded by the Python side and cached there (a call site's block of
 // attributes, a span name, an attribute key's JSON): this reads those caches and asks Python on a miss. A
-// span with events or an error status, and an attribute value other than a bool, an int of 64 bits or a
+// span with events, links or an error status, and an attribute value other than a bool, an int of 64 bits or a
 // finite float, go to the Python encoders, which handle every case.
 //
 // Contract with the Python side (otlp.use_native): encode_setup() once per load with the objects below.
@@ -36,7 +36,7 @@ struct Globals {
   PyObject* name_json = nullptr;  // otlp._name_json: name -> its JSON string
   PyObject* name_pb = nullptr;  // otlp._name_pb: name -> Span.name, field 5 encoded
   PyObject *s_name, *s_trace_id, *s_span_id, *s_parent, *s_start, *s_end, *s_attributes, *s_shared, *s_error,
-      *s_events, *s_sampled, *s_remote, *sixty_four, *nine;
+      *s_events, *s_links, *s_sampled, *s_remote, *sixty_four, *nine;
   bool ready = false;
 };
 
@@ -53,7 +53,8 @@ struct Fields {
 
 enum Read { kOk, kFallback, kError };
 
-// The span's fields; kFallback when it is one for the Python encoder (events, an error, a value out of range).
+// The span's fields; kFallback when it is one for the Python encoder (events, links, an error, a value out of
+// range).
 Read read(PyObject* s, Fields& f) {
   {
     Ref events(PyObject_GetAttr(s, G.s_events));
@@ -61,6 +62,9 @@ Read read(PyObject* s, Fields& f) {
     int truth = PyObject_IsTrue(events.p);
     if (truth < 0) return kError;
     if (truth) return kFallback;
+    Ref links(PyObject_GetAttr(s, G.s_links));
+    if (links.p == nullptr) return kError;
+    if ((truth = PyObject_IsTrue(links.p)) != 0) return truth < 0 ? kError : kFallback;
     Ref error(PyObject_GetAttr(s, G.s_error));
     if (error.p == nullptr) return kError;
     if (error.p != Py_None) return kFallback;
@@ -481,7 +485,7 @@ PyObject* setup(PyObject*, PyObject* config) {
   } names[] = {{&G.s_name, "name"}, {&G.s_trace_id, "trace_id"}, {&G.s_span_id, "span_id"},
                {&G.s_parent, "parent_span_id"}, {&G.s_start, "start_ns"}, {&G.s_end, "end_ns"},
                {&G.s_attributes, "attributes"}, {&G.s_shared, "shared"}, {&G.s_error, "error"},
-               {&G.s_events, "events"}, {&G.s_sampled, "sampled"}, {&G.s_remote, "remote_parent"}};
+               {&G.s_events, "events"}, {&G.s_links, "links"}, {&G.s_sampled, "sampled"}, {&G.s_remote, "remote_parent"}};
   for (auto& nm : names) {  // each kept once made: a setup that failed part-way is completed by the next
     if (*nm.slot == nullptr && (*nm.slot = PyUnicode_InternFromString(nm.text)) == nullptr) return nullptr;
   }

@@ -35,8 +35,7 @@ struct Globals {
   PyObject* limit = nullptr;  // record._limit (a one-item list)
   PyObject* dropped = nullptr;  // record._dropped
   PyObject* step = nullptr;  // record.STEP
-  PyObject* context = nullptr;  // OpenTelemetry's current-context ContextVar, or a callable returning the context
-  PyObject* span_key = nullptr;
+  PyObject* context = nullptr;  // opentelemetry.context.get_current
   PyObject* groups = nullptr;  // groups._groups: process group -> GroupInfo
   PyObject* world = nullptr;  // c10d._world
   PyObject* coalesce = nullptr;  // c10d._world._pg_coalesce_state
@@ -80,26 +79,16 @@ void replace(PyObject* list, Py_ssize_t i, PyObject* value) {  // steals value
   Py_DECREF(old);
 }
 
-// The caller's current OpenTelemetry span, or None (a new reference; nullptr with an error set on failure).
+// The caller's current OpenTelemetry Context (opentelemetry.context.get_current()), or None when it is empty
+// (capture/caller.py): a new reference, or nullptr with an error set on failure.
 PyObject* parent_span() {
-  PyObject* ctx = nullptr;
-  if (PyContextVar_CheckExact(G.context)) {
-    if (PyContextVar_Get(G.context, nullptr, &ctx) < 0) return nullptr;
-  } else {
-    ctx = PyObject_CallNoArgs(G.context);
-    if (ctx == nullptr) return nullptr;
-  }
-  if (ctx == nullptr) Py_RETURN_NONE;  // the variable has no value and no default
-  Ref owned(ctx);
-  if (PyDict_Check(ctx)) {
-    PyObject* span = PyDict_GetItemWithError(ctx, G.span_key);
-    if (span == nullptr) {
-      if (PyErr_Occurred()) return nullptr;
-      Py_RETURN_NONE;
-    }
-    return Py_NewRef(span);
-  }
-  return PyObject_CallMethod(ctx, "get", "O", G.span_key);
+  PyObject* ctx = PyObject_CallNoArgs(G.context);
+  if (ctx == nullptr) return nullptr;
+  int truth = PyDict_Check(ctx) ? static_cast<int>(PyDict_GET_SIZE(ctx) != 0) : PyObject_IsTrue(ctx);
+  if (truth > 0) return ctx;
+  Py_DECREF(ctx);
+  if (truth < 0) return nullptr;
+  Py_RETURN_NONE;
 }
 
 // A telemetry failure after the collective returned: reported through Python (health.error) and swallowed,
@@ -377,7 +366,7 @@ PyObject* setup(PyObject*, PyObject* const* argv, Py_ssize_t argc) {
     PyObject** slot;
     const char* key;
   } table[] = {{&G.tls, "tls"}, {&G.blocking, "blocking"}, {&G.queue, "queue"}, {&G.limit, "limit"},
-               {&G.dropped, "dropped"}, {&G.step, "step"}, {&G.context, "context"}, {&G.span_key, "span_key"},
+               {&G.dropped, "dropped"}, {&G.step, "step"}, {&G.context, "context"},
                {&G.groups, "groups"}, {&G.world, "world"}, {&G.coalesce, "coalesce"},
                {&G.tensor_type, "tensor_type"}, {&G.source, "source"}, {&G.future, "future"},
                {&G.end_return, "end_return"}, {&G.finish, "finish"}, {&G.fail, "fail"}, {&G.report, "report"}};

@@ -1,0 +1,282 @@
+"""Spans and metrics through the application's OpenTelemetry providers: real SDK providers, in-memory
+exporters and readers, a custom exporter that is not OTLP, custom samplers, views that rename and drop.
+
+In-process tests with the ``fake`` backend (4 ranks, this process is rank 0); tests/test_providers_ranks.py
+runs the same through global providers in real multi-process gloo jobs.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.distributed as dist
+from opentelemetry import trace
+from opentelemetry.sdk.metrics import MeterProvider
+from opentelemetry.sdk.metrics.export import InMemoryMetricReader
+from opentelemetry.sdk.metrics.view import DropAggregation, View
+from opentelemetry.sdk.resources import Resource
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor, SpanExporter, SpanExportResult
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.sdk.trace.sampling import ALWAYS_OFF, Decision, ParentBased, Sampler, SamplingResult, TraceIdRatioBased
+
+import otel_torchdist
+from otel_torchdist import TorchDistributedInstrumentor
+from otel_torchdist import names as n
+
+RESOURCE = Resource({"service.name": "my-trainer", "team": "ml"})
+
+
+def _providers(sampler=None, views=()):
+    spans = InMemorySpanExporter()
+    tp = TracerProvider(resource=RESOURCE, sampler=sampler)
+    tp.add_span_processor(SimpleSpanProcessor(spans))
+    reader = InMemoryMetricReader()
+    mp = MeterProvider(metric_readers=[reader], resource=RESOURCE, views=list(views))
+    return tp, mp, spans, reader
+
+
+def _steps(count: int = 3) -> None:
+    for i in range(1, count + 1):
+        with otel_torchdist.step(i):
+            dist.all_reduce(torch.ones(256))
+            dist.broadcast(torch.ones(16), 0)
+
+
+def _points(reader: InMemoryMetricReader) -> dict[str, list]:
+    out: dict[str, list] = {}
+    data = reader.get_metrics_data()
+    for rm in data.resource_metrics if data else ():
+        for sm in rm.scope_metrics:
+            for m in sm.metrics:
+                out.setdefault(m.name, []).extend(m.data.data_points)
+    return out
+
+
+def _by_op(points: list) -> dict[str, object]:
+    return {p.attributes[n.M_OP]: p for p in points}
+
+
+def test_spans_and_metrics_go_through_the_given_providers(fake_pg, instrumented, tmp_path):
+    tp, mp, spans, reader = _providers()
+    folder = instrumented(tracer_provider=tp, meter_provider=mp)
+    _steps(3)
+    otel_torchdist.uninstrument()
+
+    finished = spans.get_finished_spans()
+    names = [s.name for s in finished]
+    assert names.count("all_reduce") == 3 and names.count("broadcast") == 3
+    assert names.count(n.SPAN_RANK_STEP) == 3 and names.count(n.SPAN_STEP) == 3
+    for s in finished:  # the application's Resource; the rank and run on every span
+        assert s.resource.attributes["service.name"] == "my-trainer"
+        assert s.attributes[n.RANK] == 0 and s.attributes[n.RUN_ID] == "unit"
+        assert s.instrumentation_scope.name == n.SCOPE_NAME
+    # The run folder holds no traces or metrics of its own: they went to the providers.
+    import os
+
+    assert not [f for f in os.listdir(folder) if f.startswith(("traces.", "metrics."))]
+
+    points = _points(reader)
+    calls = _by_op(points[n.COLLECTIVE_CALLS.name])
+    assert calls["all_reduce"].value == 3 and calls["broadcast"].value == 3
+    attributes = dict(calls["all_reduce"].attributes)
+    assert attributes.pop(n.M_GROUP).startswith("default_pg")  # ":1"... when earlier tests made groups too
+    assert attributes == {n.M_RUN: "unit", n.M_RANK: "0", n.M_OP: "all_reduce"}
+    durations = _by_op(points[n.COLLECTIVE_DURATION.name])
+    assert durations["all_reduce"].count == 3  # every value, not a sample
+    assert list(durations["all_reduce"].explicit_bounds) == list(n.DURATION_BUCKETS)
+    assert _by_op(points[n.COLLECTIVE_BYTES.name])["all_reduce"].value == 3 * 256 * 4
+    assert points[n.STEPS_METRIC.name][0].value == 3
+    assert points[n.STEP_DURATION_METRIC.name][0].count == 3  # a framework histogram, value by value
+
+
+def test_metric_names_units_and_kinds_are_the_catalogs(fake_pg, instrumented):
+    tp, mp, spans, reader = _providers()
+    instrumented(tracer_provider=tp, meter_provider=mp)
+    _steps(2)
+    otel_torchdist.uninstrument()
+    data = reader.get_metrics_data()
+    seen = {m.name: m for rm in data.resource_metrics for sm in rm.scope_metrics for m in sm.metrics}
+    catalog = {m.name: m for m in n.METRICS}
+    assert {n.COLLECTIVE_DURATION.name, n.COLLECTIVE_CALLS.name, n.TELEMETRY_DROPPED.name} <= set(seen)
+    kinds = {"histogram": "Histogram", "counter": "Sum", "gauge": "Gauge"}
+    for name, metric in seen.items():
+        assert metric.unit == catalog[name].unit, name
+        assert type(metric.data).__name__ == kinds[catalog[name].instrument], name
+
+
+def test_the_instrumentor_takes_providers_as_contrib_instrumentations_do(fake_pg, tmp_path):
+    tp, mp, spans, reader = _providers()
+    inst = TorchDistributedInstrumentor()
+    inst.instrument(tracer_provider=tp, meter_provider=mp, run_dir=str(tmp_path), summary="none", trace_every_steps=1)
+    try:
+        _steps(1)
+    finally:
+        inst.uninstrument()
+    assert {s.name for s in spans.get_finished_spans()} >= {"all_reduce", n.SPAN_RANK_STEP}
+    assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 1
+
+
+def test_a_provider_option_that_is_not_a_provider_is_refused(fake_pg, tmp_path):
+    with pytest.raises(TypeError, match="tracer_provider must be an OpenTelemetry TracerProvider"):
+        otel_torchdist.instrument(tracer_provider="jaeger", run_dir=str(tmp_path))
+    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+
+
+class _Lines(SpanExporter):
+    """A custom exporter that is not OTLP: what a vendor's would be."""
+
+    def __init__(self) -> None:
+        self.lines: list[str] = []
+
+    def export(self, spans):
+        self.lines += [f"{s.name} {s.context.trace_id:032x} {s.attributes.get(n.COLL_OP, '')}" for s in spans]
+        return SpanExportResult.SUCCESS
+
+
+def test_a_custom_exporter_that_is_not_otlp_receives_every_span(fake_pg, instrumented):
+    tp = TracerProvider(resource=RESOURCE)
+    custom = _Lines()
+    tp.add_span_processor(SimpleSpanProcessor(custom))
+    instrumented(tracer_provider=tp)
+    _steps(2)
+    otel_torchdist.uninstrument()
+    ops = [line.split()[0] for line in custom.lines]
+    assert ops.count("all_reduce") == 2 and ops.count(n.SPAN_RANK_STEP) == 2
+
+
+class _NoBroadcast(Sampler):
+    def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
+        return SamplingResult(Decision.DROP if name == "broadcast" else Decision.RECORD_AND_SAMPLE)
+
+    def get_description(self) -> str:
+        return "NoBroadcast"
+
+
+def test_the_providers_sampler_decides_for_every_span(fake_pg, instrumented):
+    tp, _, spans, _ = _providers(sampler=_NoBroadcast())
+    instrumented(tracer_provider=tp)
+    _steps(2)
+    otel_torchdist.uninstrument()
+    names = [s.name for s in spans.get_finished_spans()]
+    assert "broadcast" not in names and names.count("all_reduce") == 2
+
+
+def test_always_off_drops_every_span_steps_included(fake_pg, instrumented):
+    tp, mp, spans, reader = _providers(sampler=ALWAYS_OFF)
+    instrumented(tracer_provider=tp, meter_provider=mp)
+    _steps(3)
+    otel_torchdist.uninstrument()
+    assert spans.get_finished_spans() == ()
+    assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 3  # metrics are never sampled
+
+
+def test_a_ratio_sampler_keeps_or_drops_each_step_whole(fake_pg, instrumented):
+    tp, _, spans, _ = _providers(sampler=ParentBased(TraceIdRatioBased(0.5)))
+    instrumented(tracer_provider=tp)
+    _steps(16)
+    otel_torchdist.uninstrument()
+    by_trace: dict[int, list[str]] = {}
+    for s in spans.get_finished_spans():
+        by_trace.setdefault(s.context.trace_id, []).append(s.name)
+    assert 0 < len(by_trace) < 16  # some steps kept, some dropped (16 steps at 0.5: 1 in 32 768 to fail)
+    for names in by_trace.values():  # a kept step is kept whole
+        assert sorted(names) == sorted(["all_reduce", "broadcast", n.SPAN_RANK_STEP, n.SPAN_STEP])
+
+
+def test_views_rename_and_drop_the_librarys_instruments(fake_pg, instrumented):
+    views = (
+        View(instrument_name=n.COLLECTIVE_CALLS.name, name="my.collective.calls"),
+        View(instrument_name=n.COLLECTIVE_BYTES.name, aggregation=DropAggregation()),
+    )
+    tp, mp, spans, reader = _providers(views=views)
+    instrumented(tracer_provider=tp, meter_provider=mp)
+    _steps(2)
+    otel_torchdist.uninstrument()
+    points = _points(reader)
+    assert n.COLLECTIVE_BYTES.name not in points
+    assert n.COLLECTIVE_CALLS.name not in points
+    assert _by_op(points["my.collective.calls"])["all_reduce"].value == 2
+    assert _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count == 2  # no view: as it is
+
+
+def test_a_step_under_the_callers_span_makes_one_tree_with_the_callers_spans(fake_pg, instrumented):
+    tp, _, spans, _ = _providers()
+    tracer = tp.get_tracer("my.training")
+    instrumented(tracer_provider=tp)
+    for i in range(1, 4):
+        with tracer.start_as_current_span("iteration"):
+            with otel_torchdist.step(i):
+                with tracer.start_as_current_span("my.forward"):
+                    dist.all_reduce(torch.ones(8))
+                dist.broadcast(torch.ones(8), 0)
+    otel_torchdist.uninstrument()
+    finished = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in finished}
+    iterations = [s for s in finished if s.name == "iteration"]
+    steps = sorted((s for s in finished if s.name == n.SPAN_RANK_STEP), key=lambda s: s.attributes[n.STEP])
+    assert len(iterations) == len(steps) == 3
+    for it, step in zip(iterations, steps):
+        under = {s.name: s for s in finished if s.parent is not None and s.parent.span_id == step.context.span_id}
+        assert set(under) == {"my.forward", "broadcast"}  # the caller's span inside the step is the step's child
+        (forward_child,) = [s for s in finished if s.parent is not None and s.parent.span_id == under["my.forward"].context.span_id]
+        assert forward_child.name == "all_reduce"
+        (link,) = step.links
+        if step.attributes[n.STEP] == 1:
+            # Step 1 was open since instrument() (set-up may be in it): it stays in the step's shared trace,
+            # under its root, and links to the span it was marked in.
+            assert (link.context.trace_id, link.context.span_id) == (it.context.trace_id, it.context.span_id)
+            assert by_id[step.parent.span_id].name == n.SPAN_STEP
+            continue
+        assert step.parent.span_id == it.context.span_id and step.context.trace_id == it.context.trace_id
+        # Linked to the step's root, which rank 0 emits in the shared step trace.
+        root = by_id[link.context.span_id]
+        assert root.name == n.SPAN_STEP and root.context.trace_id == link.context.trace_id != it.context.trace_id
+    for s in finished:  # nothing points at a span that was not exported
+        assert s.parent is None or s.parent.span_id in by_id, s.name
+
+
+def test_exemplars_of_the_duration_histogram_point_at_exported_spans(fake_pg, instrumented):
+    tp, mp, spans, reader = _providers()
+    instrumented(tracer_provider=tp, meter_provider=mp)
+    _steps(2)
+    from otel_torchdist import runtime
+
+    runtime.current().pipeline.drain()  # not flush(): the provider's flush would collect the exemplars itself
+    points = _points(reader)
+    otel_torchdist.uninstrument()
+    exported = {(s.context.trace_id, s.context.span_id) for s in spans.get_finished_spans()}
+    exemplars = [e for p in points[n.COLLECTIVE_DURATION.name] for e in p.exemplars]
+    assert exemplars
+    assert all((e.trace_id, e.span_id) in exported for e in exemplars)
+
+
+def test_uninstrument_leaves_the_providers_as_they_were_with_the_last_totals(fake_pg, instrumented):
+    tp, mp, spans, reader = _providers()
+    instrumented(tracer_provider=tp, meter_provider=mp)
+    tracer = tp.get_tracer(n.SCOPE_NAME, otel_torchdist.__version__, attributes={n.RANK: 0, n.RUN_ID: "unit", n.WORLD_SIZE: 4})
+    _steps(2)
+    otel_torchdist.uninstrument()
+    assert type(tracer.id_generator).__name__ == "RandomIdGenerator"  # the provider's own again
+    dist.all_reduce(torch.ones(4))
+    # The last export of the provider (at its shutdown, after ours) still has the run's totals.
+    assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 2
+    # A second instrumentation of the same provider reports through the same instruments.
+    otel_torchdist.instrument(tracer_provider=tp, meter_provider=mp, run_dir="/tmp/unused-runs", summary="none")
+    dist.all_reduce(torch.ones(4))
+    otel_torchdist.uninstrument()
+    assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 1
+
+
+def test_a_global_tracer_provider_is_found_without_options(monkeypatch, fake_pg, instrumented):
+    from otel_torchdist.export import providers
+
+    tp, mp, spans, reader = _providers()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: tp)  # set_tracer_provider works once a process
+    chosen = providers.choose()
+    assert chosen.tracer_provider is tp and chosen.tracer_origin == "global"
+    assert chosen.meter_provider is None and chosen.meter_origin == "own"  # the API's placeholder
+    instrumented()
+    _steps(1)
+    otel_torchdist.uninstrument()
+    assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
