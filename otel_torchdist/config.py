@@ -5,9 +5,13 @@ variable that sets it. Standard ``OTEL_*`` variables mean what the OpenTelemetry
 the two differ, the OpenTelemetry Python SDK running in the same process) says they mean. Variables that
 only otel-torchdist reads share the prefix ``OTEL_TORCHDIST_``.
 
-The environment is read once, when ``instrument()`` is called. A value that cannot be parsed raises
-``ValueError`` naming the variable (or the keyword option) and what was expected; nothing is silently
-replaced by a default.
+The environment is read once, when ``instrument()`` is called. The standard variables are read as the
+OpenTelemetry Python SDK in the same process reads them: a value the SDK accepts is accepted, and one it
+cannot use is ignored with a warning naming the variable (a training job never stops over a variable it
+shares with every other OpenTelemetry component of the process). ``OTEL_SDK_DISABLED=true`` (and only
+``true``, in any case) disables the library before anything else is read. A bad ``OTEL_TORCHDIST_*``
+variable or keyword option raises ``ValueError`` naming it and what was expected: those are the library's
+own, and nothing is silently replaced by a default.
 """
 
 from __future__ import annotations
@@ -29,8 +33,12 @@ _MAX_LISTED_RANKS = 1 << 20  # a trace_ranks range naming more is a typo, not a 
 
 TRACES_EXPORTERS = ("otlp", "file", "console", "none")
 METRICS_EXPORTERS = ("otlp", "file", "prometheus", "console", "none")
+# Other names an OTEL_*_EXPORTER list may hold: an exporter installed under the SDK's entry-point group of that
+# name (a vendor's, zipkin...), exported through an SDK provider the library makes for it.
+EXPORTER_GROUPS = {"traces_exporter": "opentelemetry_traces_exporter", "metrics_exporter": "opentelemetry_metrics_exporter"}
+TEMPORALITIES = ("cumulative", "delta", "lowmemory")
 PROTOCOLS = ("grpc", "http/protobuf", "http/json")
-COMPRESSIONS = ("none", "gzip")
+COMPRESSIONS = ("none", "gzip", "deflate")
 SAMPLERS = (
     "always_on",
     "always_off",
@@ -76,7 +84,9 @@ class Config:
 
     headers: dict[str, str] = field(default_factory=dict)
     """Headers sent with every OTLP request (auth tokens). Env: ``OTEL_EXPORTER_OTLP_HEADERS`` (``k=v,k2=v2``,
-    URL-decoded), merged under the per-signal ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_HEADERS``."""
+    URL-decoded, names lowercased, as the SDK parses them). The per-signal
+    ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_HEADERS`` (``traces_headers``, ``metrics_headers``) replace them for
+    their signal, as in the SDK."""
 
     traces_headers: dict[str, str] = field(default_factory=dict)
     metrics_headers: dict[str, str] = field(default_factory=dict)
@@ -87,7 +97,7 @@ class Config:
     it (the spec says milliseconds; both parties must agree on one meaning)."""
 
     compression: str = "none"
-    """``gzip`` or ``none``. Env: ``OTEL_EXPORTER_OTLP_COMPRESSION``. Over HTTP at zlib's fastest level (1):
+    """``gzip``, ``deflate`` or ``none``. Env: ``OTEL_EXPORTER_OTLP_COMPRESSION``. Over HTTP at zlib's fastest level (1):
     about 1.2 ms of the export thread's CPU for 512 collective spans, against 5.5 ms at gzip's default."""
 
     certificate: str | None = None
@@ -118,17 +128,42 @@ class Config:
     ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_{TIMEOUT,COMPRESSION,CERTIFICATE,CLIENT_KEY,CLIENT_CERTIFICATE,
     INSECURE}``. Unset (None): the signal uses the generic setting."""
 
-    traces_exporter: str | None = None
-    """Where spans go: ``otlp``, ``file`` (OTLP JSON lines in the run folder), ``console`` or ``none``.
-    Env: ``OTEL_TRACES_EXPORTER``. Default: ``otlp`` when an endpoint is configured, else ``file``."""
+    traces_exporter: tuple[str, ...] | None = None
+    """Where spans go, any of ``otlp``, ``file`` (OTLP JSON lines in the run folder), ``console``, ``none``,
+    or the name of a span exporter installed for the OpenTelemetry SDK (its ``opentelemetry_traces_exporter``
+    entry point), comma-separated in the env. Env: ``OTEL_TRACES_EXPORTER``. Default: ``otlp`` when an
+    endpoint is configured, else ``file``. Not used when spans go through a TracerProvider of the
+    application's."""
 
     metrics_exporter: tuple[str, ...] | None = None
-    """Where metrics go, any of ``otlp``, ``file``, ``prometheus``, ``console`` or ``none``
-    (comma-separated in the env). Env: ``OTEL_METRICS_EXPORTER``. Default: ``otlp`` when an endpoint is
-    configured, else ``file``; plus ``prometheus``."""
+    """Where metrics are pushed, any of ``otlp``, ``file``, ``console``, ``none``, or the name of a metric
+    exporter installed for the SDK (``opentelemetry_metrics_exporter``), comma-separated in the env; a
+    ``prometheus`` entry is accepted and changes nothing (see ``prometheus``). Env: ``OTEL_METRICS_EXPORTER``.
+    Default: ``otlp`` when an endpoint is configured, else ``file``. Not used when metrics go through a
+    MeterProvider of the application's."""
+
+    prometheus: bool = True
+    """Serve this rank's ``/metrics`` (see ``prometheus_port``), whatever ``OTEL_METRICS_EXPORTER`` says (a
+    distro's default ``otlp`` does not turn it off). Env: ``OTEL_TORCHDIST_PROMETHEUS``."""
+
+    metrics_temporality: str = "cumulative"
+    """Aggregation temporality of the counters and histograms the library's own OTLP metric exporter pushes:
+    ``cumulative``, ``delta`` or ``lowmemory`` (delta for both: they are synchronous instruments). Env:
+    ``OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE``. The run folder and ``/metrics`` stay cumulative."""
+
+    attribute_value_length_limit: int | None = None
+    """Longest string attribute value of a span the library's own exporters send; longer ones are cut, as the
+    SDK cuts them. Env: ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``.
+    Default: no limit."""
+
+    attribute_count_limit: int = 128
+    """Most attributes a span the library's own exporters send may carry (the rest are left out, as the SDK
+    leaves them out). Env: ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT``, else ``OTEL_ATTRIBUTE_COUNT_LIMIT``."""
 
     traces_sampler: str | None = None
-    """Which traces to keep. Env: ``OTEL_TRACES_SAMPLER``. The decision is a pure function of the trace id,
+    """Which traces to keep, for the library's own exporters (through a provider of the application's, that
+    provider's sampler decides). Env: ``OTEL_TRACES_SAMPLER``; a name the SDK does not know either is
+    ignored with a warning, as the SDK ignores it. The decision is a pure function of the trace id,
     and every rank derives a step's trace id from the run id and step number, so all ranks keep the same
     steps. Unset, steps are kept by ``trace_first_steps`` / ``trace_every_steps`` and everything outside
     steps is kept (``parentbased_always_on``). Sampling never thins the metrics."""
@@ -221,7 +256,8 @@ class Config:
     which it writes to the run folder's Prometheus target file. ``0`` always picks a free port."""
 
     disabled: bool = False
-    """Make ``instrument()`` a no-op. Env: ``OTEL_SDK_DISABLED``."""
+    """Make ``instrument()`` a no-op. Env: ``OTEL_SDK_DISABLED`` (``true`` in any case; any other value is
+    false, as the specification and the SDK read it)."""
 
     run_dir: str = "otel-torchdist-runs"
     """Root of the run folders: each run writes ``<run_dir>/<run id>/`` (resource, Prometheus targets,
@@ -315,16 +351,22 @@ class Config:
             if getattr(self, name) is not None:
                 _choice(name, getattr(self, name), PROTOCOLS)
         _choice("compression", self.compression, COMPRESSIONS)
-        if self.traces_exporter is not None:
-            _choice("traces_exporter", self.traces_exporter, TRACES_EXPORTERS)
-        if self.metrics_exporter is not None:
-            if isinstance(self.metrics_exporter, str):
-                self.metrics_exporter = _split_list(self.metrics_exporter)
-            if not isinstance(self.metrics_exporter, (tuple, list)):
-                raise OptionError("metrics_exporter", f"must be a name or a list of names, got {self.metrics_exporter!r}")
-            self.metrics_exporter = tuple(self.metrics_exporter)
-            for item in self.metrics_exporter:
-                _choice("metrics_exporter", item, METRICS_EXPORTERS)
+        for name, builtin in (("traces_exporter", TRACES_EXPORTERS), ("metrics_exporter", METRICS_EXPORTERS)):
+            value = getattr(self, name)
+            if value is None:
+                continue
+            if isinstance(value, str):
+                value = _split_list(value)
+            if not isinstance(value, (tuple, list)) or not value:
+                raise OptionError(name, f"must be a name or a non-empty list of names, got {value!r}")
+            for item in value:
+                if item not in builtin and not installed_exporter(EXPORTER_GROUPS[name], item):
+                    raise OptionError(name, f"{item!r} is neither one of {', '.join(builtin)} nor an exporter installed for the OpenTelemetry SDK (entry point group {EXPORTER_GROUPS[name]})")
+            setattr(self, name, tuple(value))
+        _choice("metrics_temporality", self.metrics_temporality, TEMPORALITIES)
+        if self.attribute_value_length_limit is not None:
+            _integer("attribute_value_length_limit", self.attribute_value_length_limit, 0)
+        _integer("attribute_count_limit", self.attribute_count_limit, 0)
         if self.traces_sampler is not None:
             _choice("traces_sampler", self.traces_sampler, SAMPLERS)
         for name in ("trace_first_steps", "trace_every_steps", "straggler_exchange_steps", "max_spans_per_step"):
@@ -365,7 +407,7 @@ class Config:
                 raise OptionError(name, f"must be a mapping of str to str, got {value!r}")
         for name in ("headers", "traces_headers", "metrics_headers"):
             _check_headers(name, getattr(self, name))
-        for name in ("disabled", "metrics_rank_label"):
+        for name in ("disabled", "metrics_rank_label", "prometheus"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
         for base in ("certificate", "client_key", "client_certificate"):
@@ -404,26 +446,31 @@ class Config:
         """Whether ``rank`` exports spans (``trace_ranks``)."""
         return self.trace_ranks is None or rank in self.trace_ranks
 
-    def resolved_traces_exporter(self) -> str:
+    def resolved_traces_exporter(self) -> tuple[str, ...]:
+        """Where the library's own span exporters send spans (empty: nowhere)."""
         if self.traces_exporter is not None:
-            return self.traces_exporter
-        return "otlp" if (self.endpoint or self.traces_endpoint) else "file"
+            return tuple(x for x in self.traces_exporter if x != "none")
+        return ("otlp",) if (self.endpoint or self.traces_endpoint) else ("file",)
 
     def for_signal(self, name: str, signal: str) -> Any:
         """``name`` (timeout, compression, certificate, client_key, client_certificate, insecure, headers)
         as it applies to ``signal`` (``traces`` or ``metrics``): the per-signal setting when given."""
         if name == "headers":
-            return {**self.headers, **getattr(self, f"{signal}_headers")}
+            return dict(getattr(self, f"{signal}_headers") or self.headers)
         value = getattr(self, f"{signal}_{name}")
         return getattr(self, name) if value is None else value
 
     def resolved_metrics_exporters(self) -> tuple[str, ...]:
+        """The library's own metric exporters (empty: none), ``prometheus`` for the per-rank endpoint."""
         if self.metrics_exporter is not None:
-            return tuple(x for x in self.metrics_exporter if x != "none")
-        return ("otlp" if (self.endpoint or self.metrics_endpoint) else "file", "prometheus")
+            push = tuple(x for x in self.metrics_exporter if x not in ("none", "prometheus"))
+        else:
+            push = ("otlp",) if (self.endpoint or self.metrics_endpoint) else ("file",)
+        return push + (("prometheus",) if self.prometheus else ())
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+_DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Config)}
 
 
 def _warn_unknown_variables(env: Mapping[str, str]) -> None:
@@ -449,34 +496,88 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
         raise TypeError(
             f"instrument() got unknown option(s) {', '.join(unknown)}; valid options are: {', '.join(OPTION_NAMES)}"
         )
+    # None is "not given" for a setting whose default is None: the environment (or the default) decides it.
+    options = {k: v for k, v in options.items() if v is not None or _DEFAULTS[k] is not None}
+    if options.get("disabled") is True or ("disabled" not in options and _sdk_disabled(env)):
+        return Config(disabled=True)  # nothing else is read: disabled means off, whatever else is set
     _warn_unknown_variables(env)
     values: dict[str, Any] = {}
+    from_env: dict[str, tuple[str, str]] = {}
     for var, name, parse in _ENV:
         raw = env.get(var)
-        if raw is None or raw.strip() == "":
+        if raw is None or raw.strip() == "" or var == "OTEL_SDK_DISABLED":
             continue
         try:
-            values[name] = parse(raw.strip())
+            values[name] = parse(raw.strip()) if not shared(var) else parse(raw.strip(), var)
         except ValueError as exc:
-            raise ValueError(f"{var}={raw!r}: {exc}") from None
+            if not shared(var):
+                raise ValueError(f"{var}={raw!r}: {exc}") from None
+            ignored(var, raw, str(exc))
+            continue
+        from_env[name] = (var, raw)  # the later of two variables for one field wins: the per-signal one
+    if env.get("OTEL_RESOURCE_DETECTORS", "").strip() and not env.get("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "").strip():
+        ignored("OTEL_RESOURCE_DETECTORS", env["OTEL_RESOURCE_DETECTORS"], "the OpenTelemetry Python SDK reads OTEL_EXPERIMENTAL_RESOURCE_DETECTORS instead")
     # OTEL_SERVICE_NAME wins over service.name inside OTEL_RESOURCE_ATTRIBUTES (spec).
     resource = dict(values.get("resource_attributes", {}))
-    if "service_name" not in values and "service.name" in resource:
+    if "service_name" not in values and resource.get("service.name"):
         values["service_name"] = resource["service.name"]
+        from_env["service_name"] = from_env.get("resource_attributes", ("OTEL_RESOURCE_ATTRIBUTES", ""))
     resource.pop("service.name", None)
     values["resource_attributes"] = resource
     for name in ("resource_attributes", "headers", "traces_headers", "metrics_headers"):
         if name in options and isinstance(options[name], Mapping) and name in values:
             options[name] = {**values[name], **options[name]}
-    from_env = {name: (var, env[var]) for var, name, _ in _ENV if var in env and name in values and name not in options}
+    for name in options:
+        from_env.pop(name, None)
     values.update(options)
+    while True:
+        try:
+            return Config(**values).validate()
+        except OptionError as exc:
+            if exc.option not in from_env:
+                raise
+            var, raw = from_env.pop(exc.option)
+            if not shared(var):
+                raise ValueError(f"{var}={raw!r}: {exc.reason}") from None
+            ignored(var, raw, exc.reason)  # the default instead, and validate again
+            del values[exc.option]
+
+
+def shared(var: str) -> bool:
+    """A standard variable, which every OpenTelemetry component of the process reads (not ours alone)."""
+    return not var.startswith(PREFIX)
+
+
+def _sdk_disabled(env: Mapping[str, str]) -> bool:
+    """``OTEL_SDK_DISABLED`` as the specification defines it and the SDK reads it: ``true`` in any case."""
+    raw = env.get("OTEL_SDK_DISABLED")
+    if raw is None:
+        return False
+    value = raw.strip().lower()
+    if value not in ("true", "false", ""):
+        ignored("OTEL_SDK_DISABLED", raw, "only true (in any case) disables; any other value means false")
+    return value == "true"
+
+
+_ignored_once: set[tuple[str, str]] = set()
+
+
+def ignored(var: str, raw: str, reason: str) -> None:
+    """Say once that a standard variable's value is not used (the default applies, as in the SDK)."""
+    if (var, raw) in _ignored_once:
+        return
+    _ignored_once.add((var, raw))
+    logging.getLogger("otel_torchdist").warning("otel-torchdist: ignoring %s=%r: %s", var, raw, reason)
+
+
+def installed_exporter(group: str, name: str) -> bool:
+    """Whether an exporter named ``name`` is installed for the SDK (entry point ``group``)."""
+    from importlib.metadata import entry_points
+
     try:
-        return Config(**values).validate()
-    except OptionError as exc:
-        if exc.option in from_env:
-            var, raw = from_env[exc.option]
-            raise ValueError(f"{var}={raw!r}: {exc.reason}") from None
-        raise
+        return any(True for _ in entry_points(group=group, name=name))
+    except Exception:
+        return False
 
 
 class OptionError(ValueError):
@@ -493,16 +594,104 @@ def _split_list(raw: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in raw.split(",") if x.strip())
 
 
-def _parse_kv(raw: str) -> dict[str, str]:
+def _parse_kv(raw: str, var: str | None = None) -> dict[str, str]:
+    """``k=v,k2=v2``, values percent-decoded. For a standard variable (``var``), as the SDK reads
+    OTEL_RESOURCE_ATTRIBUTES: an item without ``=`` or with an empty key is left out with a warning."""
     out: dict[str, str] = {}
     for item in raw.split(","):
         if not item.strip():
             continue
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ValueError(f"expected comma-separated key=value pairs, got item {item.strip()!r}")
-        out[urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
+            if var is None:
+                raise ValueError(f"expected comma-separated key=value pairs, got item {item.strip()!r}")
+            ignored(var, item.strip(), "not a key=value pair; the other pairs are used")
+            continue
+        out[key.strip() if var else urllib.parse.unquote(key.strip())] = urllib.parse.unquote(value.strip())
     return out
+
+
+def _parse_headers(raw: str, var: str) -> dict[str, str]:
+    """As the SDK's OTLP exporters read their headers variables (opentelemetry.util.re.parse_env_headers):
+    names lowercased, values percent-decoded, a malformed item left out with the SDK's own warning; then a
+    header no request could carry (a line break, a -bin name) left out too."""
+    from opentelemetry.util.re import parse_env_headers
+
+    pairs: dict[str, str] = {}
+    for item in raw.split(","):
+        if item.strip():
+            parsed = parse_env_headers(item, liberal=True)
+            if not parsed:
+                ignored(var, item.strip(), "not a name=value header; the other headers are sent")
+            pairs.update(parsed)
+    out = {}
+    for key, value in pairs.items():
+        try:
+            _check_headers(var, {key: value})
+        except OptionError as exc:
+            ignored(var, f"{key}=...", exc.reason)
+            continue
+        out[key] = value
+    return out
+
+
+def _parse_spec_bool(raw: str, var: str | None = None) -> bool:
+    """A standard boolean: ``true`` or ``false`` in any case (the specification's only values)."""
+    low = raw.lower()
+    if low in ("true", "false"):
+        return low == "true"
+    raise ValueError("expected true or false")
+
+
+def _parse_exporters(group: str, builtin: tuple[str, ...]):
+    """An OTEL_*_EXPORTER list, as the SDK's configurator reads it: comma-separated, ``none`` alone for none;
+    names matched in any case; a name that is neither built in nor installed for the SDK left out (the SDK's
+    configurator raises there: a training job does not stop over it)."""
+
+    def parse(raw: str, var: str) -> tuple[str, ...]:
+        items = [x.strip() for x in raw.split(",") if x.strip()]
+        if [x.lower() for x in items] == ["none"]:
+            return ("none",)
+        out = []
+        for item in items:
+            if item.lower() in builtin and item.lower() != "none":
+                out.append(item.lower())
+            elif installed_exporter(group, item):
+                out.append(item)
+            else:
+                ignored(var, item, f"no such exporter (built in: {', '.join(builtin)}; none installed as {item!r} for the OpenTelemetry SDK)")
+        if not out:
+            raise ValueError("no exporter named in it can be used")
+        return tuple(dict.fromkeys(out))
+
+    return parse
+
+
+def _parse_sampler(raw: str, var: str) -> str:
+    low = raw.lower()
+    if low not in SAMPLERS:
+        raise ValueError(f"the SDK does not recognize this sampler either (built in: {', '.join(SAMPLERS)}); the default sampling applies")
+    return low
+
+
+def _parse_ratio(raw: str, var: str) -> float:
+    try:
+        value = float(raw)
+    except ValueError:
+        raise ValueError("not a number; the ratio is 1.0, as in the SDK") from None
+    if not 0.0 <= value <= 1.0:
+        raise ValueError("not within [0, 1]; the ratio is 1.0, as in the SDK")
+    return value
+
+
+def _parse_limit(raw: str, var: str) -> int:
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number") from None
+    if value < 0:
+        raise ValueError("expected a number >= 0")
+    return value
 
 
 def _parse_bool(raw: str) -> bool:
@@ -595,47 +784,58 @@ def _parse_str(raw: str) -> str:
     return raw
 
 
+def _std(parse):
+    """A parser of ours for a standard variable (called with the variable's name too)."""
+    return lambda raw, var: parse(raw)
+
+
 _ENV: tuple[tuple[str, str, Any], ...] = (
-    ("OTEL_SERVICE_NAME", "service_name", _parse_str),
+    ("OTEL_SERVICE_NAME", "service_name", _std(_parse_str)),
     ("OTEL_RESOURCE_ATTRIBUTES", "resource_attributes", _parse_kv),
-    ("OTEL_EXPORTER_OTLP_ENDPOINT", "endpoint", _parse_str),
-    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces_endpoint", _parse_str),
-    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics_endpoint", _parse_str),
-    ("OTEL_EXPORTER_OTLP_PROTOCOL", "protocol", _parse_choice(PROTOCOLS)),
-    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "traces_protocol", _parse_choice(PROTOCOLS)),
-    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "metrics_protocol", _parse_choice(PROTOCOLS)),
-    ("OTEL_EXPORTER_OTLP_HEADERS", "headers", _parse_kv),
-    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "traces_headers", _parse_kv),
-    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "metrics_headers", _parse_kv),
-    ("OTEL_EXPORTER_OTLP_TIMEOUT", "timeout", _parse_seconds),
-    ("OTEL_EXPORTER_OTLP_COMPRESSION", "compression", _parse_choice(COMPRESSIONS)),
-    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "client_key", _parse_str),
-    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "client_certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_INSECURE", "insecure", _parse_bool),
-    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "traces_timeout", _parse_seconds),
-    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "metrics_timeout", _parse_seconds),
-    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "traces_compression", _parse_choice(COMPRESSIONS)),
-    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "metrics_compression", _parse_choice(COMPRESSIONS)),
-    ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "traces_certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "metrics_certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "traces_client_key", _parse_str),
-    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", "metrics_client_key", _parse_str),
-    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "traces_client_certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", "metrics_client_certificate", _parse_str),
-    ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "traces_insecure", _parse_bool),
-    ("OTEL_EXPORTER_OTLP_METRICS_INSECURE", "metrics_insecure", _parse_bool),
-    ("OTEL_TRACES_EXPORTER", "traces_exporter", _parse_choice(TRACES_EXPORTERS)),
-    ("OTEL_METRICS_EXPORTER", "metrics_exporter", _parse_choice_list(METRICS_EXPORTERS)),
-    ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_choice(SAMPLERS)),
-    ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _parse_float),
-    ("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval", _parse_ms),
-    ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _parse_ms),
-    ("OTEL_BSP_MAX_QUEUE_SIZE", "span_queue_size", _parse_int),
-    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "span_batch_size", _parse_int),
-    ("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus_host", _parse_str),
-    ("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus_port", _parse_int),
-    ("OTEL_SDK_DISABLED", "disabled", _parse_bool),
+    ("OTEL_EXPORTER_OTLP_ENDPOINT", "endpoint", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", "traces_endpoint", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_METRICS_ENDPOINT", "metrics_endpoint", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_PROTOCOL", "protocol", _std(_parse_choice(PROTOCOLS))),
+    ("OTEL_EXPORTER_OTLP_TRACES_PROTOCOL", "traces_protocol", _std(_parse_choice(PROTOCOLS))),
+    ("OTEL_EXPORTER_OTLP_METRICS_PROTOCOL", "metrics_protocol", _std(_parse_choice(PROTOCOLS))),
+    ("OTEL_EXPORTER_OTLP_HEADERS", "headers", _parse_headers),
+    ("OTEL_EXPORTER_OTLP_TRACES_HEADERS", "traces_headers", _parse_headers),
+    ("OTEL_EXPORTER_OTLP_METRICS_HEADERS", "metrics_headers", _parse_headers),
+    ("OTEL_EXPORTER_OTLP_TIMEOUT", "timeout", _std(_parse_seconds)),
+    ("OTEL_EXPORTER_OTLP_COMPRESSION", "compression", _std(_parse_choice(COMPRESSIONS))),
+    ("OTEL_EXPORTER_OTLP_CERTIFICATE", "certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_CLIENT_KEY", "client_key", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_CLIENT_CERTIFICATE", "client_certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_INSECURE", "insecure", _parse_spec_bool),
+    ("OTEL_EXPORTER_OTLP_TRACES_TIMEOUT", "traces_timeout", _std(_parse_seconds)),
+    ("OTEL_EXPORTER_OTLP_METRICS_TIMEOUT", "metrics_timeout", _std(_parse_seconds)),
+    ("OTEL_EXPORTER_OTLP_TRACES_COMPRESSION", "traces_compression", _std(_parse_choice(COMPRESSIONS))),
+    ("OTEL_EXPORTER_OTLP_METRICS_COMPRESSION", "metrics_compression", _std(_parse_choice(COMPRESSIONS))),
+    ("OTEL_EXPORTER_OTLP_TRACES_CERTIFICATE", "traces_certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_METRICS_CERTIFICATE", "metrics_certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_KEY", "traces_client_key", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_KEY", "metrics_client_key", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_TRACES_CLIENT_CERTIFICATE", "traces_client_certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_METRICS_CLIENT_CERTIFICATE", "metrics_client_certificate", _std(_parse_str)),
+    ("OTEL_EXPORTER_OTLP_TRACES_INSECURE", "traces_insecure", _parse_spec_bool),
+    ("OTEL_EXPORTER_OTLP_METRICS_INSECURE", "metrics_insecure", _parse_spec_bool),
+    ("OTEL_TRACES_EXPORTER", "traces_exporter", _parse_exporters(EXPORTER_GROUPS["traces_exporter"], TRACES_EXPORTERS)),
+    ("OTEL_METRICS_EXPORTER", "metrics_exporter", _parse_exporters(EXPORTER_GROUPS["metrics_exporter"], METRICS_EXPORTERS)),
+    ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_sampler),
+    ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _parse_ratio),
+    ("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval", _std(_parse_ms)),
+    ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _std(_parse_ms)),
+    ("OTEL_BSP_MAX_QUEUE_SIZE", "span_queue_size", _std(_parse_int)),
+    ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "span_batch_size", _std(_parse_int)),
+    ("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus_host", _std(_parse_str)),
+    ("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus_port", _std(_parse_int)),
+    ("OTEL_SDK_DISABLED", "disabled", _parse_spec_bool),  # read first, by load() (_sdk_disabled)
+    ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "metrics_temporality", _std(_parse_choice(TEMPORALITIES))),
+    ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _parse_limit),
+    ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _parse_limit),
+    ("OTEL_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _parse_limit),
+    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _parse_limit),
+    (PREFIX + "PROMETHEUS", "prometheus", _parse_bool),
     (PREFIX + "RUN_DIR", "run_dir", _parse_str),
     (PREFIX + "RUN_ID", "run_id", _parse_str),
     (PREFIX + "FILE_MAX_BYTES", "file_max_bytes", _parse_bytes),

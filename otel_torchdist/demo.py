@@ -230,13 +230,13 @@ def destinations(folder: str, options: dict[str, Any]) -> str:
 
     cfg = config.load({k: v for k, v in options.items() if k in config.OPTION_NAMES})
     where = []
-    traces = cfg.resolved_traces_exporter()
-    if traces == "otlp":
-        where.append(f"traces: OTLP ({cfg.traces_protocol or cfg.protocol}) to {cfg.traces_endpoint or cfg.endpoint}")
-    elif traces == "file":
-        where.append(f"traces: OTLP/JSON lines in {folder}")
-    else:
-        where.append(f"traces: {traces}")
+    for traces in cfg.resolved_traces_exporter():
+        if traces == "otlp":
+            where.append(f"traces: OTLP ({cfg.traces_protocol or cfg.protocol}) to {cfg.traces_endpoint or cfg.endpoint}")
+        elif traces == "file":
+            where.append(f"traces: OTLP/JSON lines in {folder}")
+        else:
+            where.append(f"traces: {traces}")
     metrics = []
     for exporter in cfg.resolved_metrics_exporters():
         if exporter == "otlp":

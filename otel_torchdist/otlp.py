@@ -24,6 +24,7 @@ SPAN_KIND_INTERNAL = 1
 STATUS_UNSET = 0
 STATUS_OK = 1
 STATUS_ERROR = 2
+TEMPORALITY_DELTA = 1
 TEMPORALITY_CUMULATIVE = 2
 
 
@@ -74,6 +75,7 @@ class MetricData:
     metric: n.Metric
     points: list[Any]  # HistogramPoint for histograms, NumberPoint otherwise
     start_ns: int | None = None  # a cumulative counter's own start (CPU time counts from the process's start)
+    temporality: int = TEMPORALITY_CUMULATIVE  # export.temporality.Delta makes deltas for a backend that wants them
 
 
 # ------------------------------------------------------------------------------------------ protobuf
@@ -130,14 +132,17 @@ def span_pb(s: SpanData) -> bytes:
     for ev_name, t, attrs in s.events:
         body = b"\x09" + wire.fixed64(t) + wire.length_delimited(2, ev_name.encode()) + wire.attributes_pb(3, attrs)
         parts.append(wire.length_delimited(11, body))
-    for trace_id, span_id, attrs in s.links:  # Span.links: trace_id, span_id, attributes, flags (sampled)
+    for trace_id, span_id, attrs in s.links:  # Span.links: trace_id, span_id, attributes, flags (sampled, remote)
         body = b"\x0a\x10" + trace_id.to_bytes(16, "big") + b"\x12\x08" + span_id.to_bytes(8, "big")
-        parts.append(wire.length_delimited(13, body + wire.attributes_pb(4, attrs) + b"\x35" + wire.fixed32(0x101)))
+        parts.append(wire.length_delimited(13, body + wire.attributes_pb(4, attrs) + b"\x35" + wire.fixed32(_LINK_FLAGS)))
     if s.error is not None:
         parts.append(wire.length_delimited(15, wire.length_delimited(2, s.error.encode()) + b"\x18\x02"))
     parts.append(b"\x85\x01" + wire.fixed32(_flags(s)))  # flags (field 16, fixed32)
     body = b"".join(parts)
     return b"\x12" + wire.varint(len(body)) + body  # ScopeSpans.spans = 2
+
+
+_LINK_FLAGS = 0x301  # a link's span: sampled, and (bit 8 says bit 9 is known) made elsewhere
 
 
 def _flags(s: SpanData) -> int:
@@ -179,7 +184,7 @@ def metrics_to_proto(
         m.unit = md.metric.unit
         m.description = md.metric.description
         if md.metric.instrument == "histogram":
-            m.histogram.aggregation_temporality = TEMPORALITY_CUMULATIVE
+            m.histogram.aggregation_temporality = md.temporality
             for pt in md.points:
                 dp = m.histogram.data_points.add()
                 _add_attributes(dp.attributes, pt.attributes)
@@ -201,7 +206,7 @@ def metrics_to_proto(
         else:
             if md.metric.instrument == "counter":
                 data = m.sum
-                data.aggregation_temporality = TEMPORALITY_CUMULATIVE
+                data.aggregation_temporality = md.temporality
                 data.is_monotonic = True
             else:
                 data = m.gauge
@@ -266,7 +271,7 @@ def span_json(s: SpanData) -> str:
         )
     if s.links:
         out += ',"links":[%s]' % ",".join(
-            '{"traceId":"%032x","spanId":"%016x","attributes":[%s],"flags":257}' % (t, sp, ",".join(wire.attributes_json(a)))
+            '{"traceId":"%032x","spanId":"%016x","attributes":[%s],"flags":%d}' % (t, sp, ",".join(wire.attributes_json(a)), _LINK_FLAGS)
             for t, sp, a in s.links
         )
     if s.error is not None:
@@ -372,7 +377,7 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
                         for value, t, trace_id, span_id in pt.exemplars
                     ]
                 pts.append(d)
-            m["histogram"] = {"dataPoints": pts, "aggregationTemporality": TEMPORALITY_CUMULATIVE}
+            m["histogram"] = {"dataPoints": pts, "aggregationTemporality": md.temporality}
         else:
             pts = []
             for pt in md.points:
@@ -385,7 +390,7 @@ def metrics_to_json(resource: dict[str, Any], metrics: list[MetricData], start_n
                     d["asDouble"] = wire.json_double(pt.value)
                 pts.append(d)
             if md.metric.instrument == "counter":
-                m["sum"] = {"dataPoints": pts, "aggregationTemporality": TEMPORALITY_CUMULATIVE, "isMonotonic": True}
+                m["sum"] = {"dataPoints": pts, "aggregationTemporality": md.temporality, "isMonotonic": True}
             else:
                 m["gauge"] = {"dataPoints": pts}
         out.append(m)

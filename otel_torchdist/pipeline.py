@@ -30,7 +30,7 @@ from .export.sinks import Sink
 from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
 from .otlp import SPAN_ENCODERS, MetricData, SpanData
 from .sampling import Sampler
-from .spans import collective_span, duration_seconds, new_trace_id
+from .spans import collective_span, duration_seconds, limited, new_trace_id
 from .steps import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
@@ -47,6 +47,7 @@ ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
 STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
 STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
+SPAN_ATTRIBUTES_MAX = 64  # more than any span of the library carries: a count limit at or above it cuts nothing
 
 
 class Pipeline:
@@ -115,6 +116,9 @@ class Pipeline:
             self.metric_sinks = metric_sinks
             self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
             self._queues = list(self.encoded.values())
+            # Spans are far below the default limits (128 attributes, no value limit): checked only when set.
+            if self.cfg.attribute_value_length_limit is not None or self.cfg.attribute_count_limit < SPAN_ATTRIBUTES_MAX:
+                self._enqueue = self._enqueue_limited
             while self.pending:
                 self._enqueue(self.pending.popleft())
         self._wake.set()
@@ -131,6 +135,17 @@ class Pipeline:
             return
         for fmt, queue in self.encoded.items():
             queue.append(SPAN_ENCODERS[fmt](span))
+
+    def _enqueue_limited(self, span: SpanData) -> None:
+        """_enqueue, the span limits applied first for the library's own encoders (a provider applies its own)."""
+        if self.resource is None:
+            self.pending.append(span)
+            return
+        cut = None
+        for fmt, queue in self.encoded.items():
+            if fmt != "data" and cut is None:
+                cut = limited(span, self.cfg.attribute_value_length_limit, self.cfg.attribute_count_limit)
+            queue.append(SPAN_ENCODERS[fmt](span if fmt == "data" else cut))
 
     def _clear_spans(self) -> int:
         count = self.queued_spans()

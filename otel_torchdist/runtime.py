@@ -119,6 +119,7 @@ class Runtime:
         self._closer: int | None = None  # the thread running close()
         self._close_done = threading.Event()
         self._started_at = time.monotonic()
+        self._end_by: float | None = None  # when the process's end may no longer wait for telemetry (end_budget)
 
     # ------------------------------------------------------------------------------------------ start
     def start(self) -> None:
@@ -190,7 +191,7 @@ class Runtime:
             os.remove(probe)
         except OSError as exc:
             message = f"run_dir / OTEL_TORCHDIST_RUN_DIR {cfg.run_dir!r} is not writable ({exc.strerror or exc})"
-            uses_files = cfg.resolved_traces_exporter() == "file" or "file" in cfg.resolved_metrics_exporters()
+            uses_files = "file" in cfg.resolved_traces_exporter() or "file" in cfg.resolved_metrics_exporters()
             if uses_files:
                 raise ValueError(message + "; the file exporters need it. Point it elsewhere or export over OTLP") from None
             _log.warning("otel-torchdist: %s; the run's resource, summary and target files are not written", message)
@@ -199,6 +200,7 @@ class Runtime:
     def on_process_group(self) -> None:
         """The process group exists: learn who we are and start exporting."""
         with self._lock:
+            self._end_by = None  # a process group after destroy_process_group(): that was not the end
             if self.identity is not None or self._closed:
                 return
             self._set_identity(resolve(self.cfg.run_id))
@@ -220,7 +222,7 @@ class Runtime:
                 extra.update(comp.resource_attributes())
             except Exception as exc:
                 health.error("component", f"{comp.name} could not describe the run", exc)
-        resource = resource_attributes(ident, cfg.service_name, extra)
+        resource = _providers.own_resource(resource_attributes(ident, cfg.service_name, extra))
         by_node = cfg.metrics_aggregation == "node" and bool(cfg.resolved_metrics_exporters())
         labels = {n.M_RUN: ident.run_id}
         if cfg.metrics_rank_label and not by_node:
@@ -229,9 +231,12 @@ class Runtime:
         span_sinks, metric_sinks = _sinks.build(
             cfg, folder, ident.rank, traces=providers.tracer_provider is None, metrics=providers.meter_provider is None
         )
+        # Exporters installed for the SDK that OTEL_*_EXPORTER names (a vendor's): through SDK providers of
+        # the library's own, with this rank's resource.
+        providers = self.providers = _providers.with_installed_exporters(cfg, providers, resource)
         if providers.tracer_provider is not None:
             scope = {n.RANK: ident.rank, n.RUN_ID: ident.run_id, n.WORLD_SIZE: ident.world_size}
-            span_sinks.append(TracerSink(providers.tracer_provider, providers.tracer_origin, scope))
+            span_sinks.append(TracerSink(providers.tracer_provider, providers.tracer_origin, scope, providers.owned[0]))
             self.pipeline.sampler = ProviderSampler(providers.tracer_provider)
         exporting = True
         if by_node:
@@ -242,7 +247,7 @@ class Runtime:
         self.destinations = [f"traces: {s.describe()}" + ("" if traced else " (warnings only: not in trace_ranks)") for s in span_sinks]
         self.destinations += [f"metrics: {s.describe()}" for s in metric_sinks]
         if providers.meter_provider is not None:
-            self.meter = MeterBridge(providers.meter_provider, providers.meter_origin, self.pipeline.bounds, labels)
+            self.meter = MeterBridge(providers.meter_provider, providers.meter_origin, self.pipeline.bounds, labels, providers.owned[1])
             self.destinations.append(f"metrics: {self.meter.describe()}")
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)
@@ -361,7 +366,16 @@ class Runtime:
         if group is None or group is cd._world.default_pg:
             if self.exchange is not None:
                 self.exchange.stop()  # it talks to the store being destroyed
-            self.flush()
+            self.flush(self.end_budget())
+
+    def end_budget(self) -> float:
+        """Seconds the process's end may still wait for telemetry. Its end flushes (destroy_process_group()'s,
+        uninstrument()'s, exit's) share one ``flush_timeout``, started by the first: a backend that never
+        answers costs the end of the job one flush_timeout, however many of them it passes."""
+        with self._lock:
+            if self._end_by is None:
+                self._end_by = time.monotonic() + self.cfg.flush_timeout
+            return max(0.0, self._end_by - time.monotonic())
 
     def flush(self, timeout: float | None = None) -> bool:
         return self.pipeline.flush(self.cfg.flush_timeout if timeout is None else timeout)
@@ -419,15 +433,16 @@ class Runtime:
         for rec in ddp_native.abandon(self.steps):
             record.complete(rec, n.END_UNFINISHED)
         nccl.flush_pending()
-        if self.identity is None:
-            self._set_identity(resolve(self.cfg.run_id))
+        # No process group ever: nothing was captured (collectives need one). A helper process of the job (a
+        # launcher's, multiprocessing's resource tracker, a spawned DataLoader worker, all instrumented by
+        # opentelemetry-instrument's sitecustomize) writes no run folder and prints no summary.
         for comp in self.components:
             try:
                 comp.stop()
             except Exception as exc:
                 health.error("component", f"{comp.name} could not stop", exc)
         self._finish_node()
-        self.pipeline.stop(self.cfg.flush_timeout)
+        self.pipeline.stop(self.end_budget())
         if self.meter is not None:
             self.meter.close(self.pipeline.metric_data())
         native_hot.deactivate()
@@ -445,7 +460,7 @@ class Runtime:
                 self.pipeline.drain()
                 self.hand_over.finish(self.pipeline.metric_data())
             elif self.node_reader is not None:
-                self.node_reader.wait_final(self.cfg.flush_timeout / 2)
+                self.node_reader.wait_final(self.end_budget() / 2)
         except Exception as exc:
             health.error("node_metrics", "could not finish the node's metrics", exc)
 

@@ -230,3 +230,30 @@ def collective_span(
         span.error = f"{etype.rsplit('.', 1)[-1]}: {message}"
         span.events.append((n.EXCEPTION_EVENT, span.end_ns, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
     return span
+
+
+def _cut(value: Any, limit: int) -> Any:
+    if isinstance(value, str):
+        return value[:limit]
+    if isinstance(value, tuple):
+        return tuple(v[:limit] if isinstance(v, str) else v for v in value)
+    return value
+
+
+def limited(span: SpanData, value_limit: int | None, count_limit: int) -> SpanData:
+    """``span`` within the span limits the SDK applies (OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT,
+    OTEL_*ATTRIBUTE_COUNT_LIMIT): string values cut to ``value_limit`` characters, and of more than
+    ``count_limit`` attributes the last ones kept, as the SDK's bounded attributes keep them."""
+    pairs: dict[str, Any] = {}
+    for block in span.shared:
+        pairs.update(block)
+    pairs.update(span.attributes)
+    items = [(k, v) for k, v in pairs.items() if v is not None][-count_limit:] if count_limit else []
+    events = span.events
+    if value_limit is not None:
+        items = [(k, _cut(v, value_limit)) for k, v in items]
+        events = [(name, t, [(k, _cut(v, value_limit)) for k, v in attrs]) for name, t, attrs in events]
+    return SpanData(
+        span.name, span.trace_id, span.span_id, span.parent_span_id, span.start_ns, span.end_ns, items, (),
+        span.error, events, span.sampled, span.remote_parent, span.links,
+    )  # fmt: skip

@@ -224,6 +224,23 @@ def backend_stuck(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return result
 
 
+def ddp_black_hole(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """A short DDP run exporting over OTLP/HTTP to a collector that accepts connections and never answers,
+    then destroy_process_group() and exit: each flush point of the end finds its own post stuck."""
+    _instrument(out, run_id="ddp-hole", endpoint=args["endpoint"], flush_timeout=args["flush_timeout"], timeout=30.0)
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(8, 8))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(3):
+        model(torch.ones(4, 8)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+    _note_library_exit(out, rank)
+    t_last = time.time()
+    dist.destroy_process_group()
+    return {"t_last": t_last}
+
+
 def _note_library_exit(out: str, rank: int) -> None:
     """Write ``time.time()`` to ``exit.rank<R>`` once otel-torchdist's exit flush is over (multiprocessing's
     exit finalizers run by decreasing priority: the library's has 100)."""

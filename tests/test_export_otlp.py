@@ -10,8 +10,10 @@ from __future__ import annotations
 import base64
 import http.client
 import http.server
+import json
 import os
 import threading
+import time
 import urllib.parse
 
 import pytest
@@ -284,19 +286,151 @@ def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch)
     assert len(failing) == 1 and "Invalid" in failing[0], failing
 
 
-def test_the_session_post_fallback_sends_the_same_request(receiver):
-    """The exporter's fallback (taken when requests refuses a setting, or is older than 2.32.2 and has no
-    get_connection_with_tls_context, which its own send() uses from that version on, so it cannot be taken
-    away here): Session.post, with the same headers."""
+def _sdk_span_export(endpoint: str, spans: list, resource: dict, **options) -> bool:
+    """The same spans through the OpenTelemetry SDK's own OTLP/HTTP exporter: an SDK TracerProvider with
+    that exporter, the spans started and ended by the library's TracerSink (the provider-side path)."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+
+    from otel_torchdist.export.otel_spans import TracerSink
+
+    exporter = OTLPSpanExporter(endpoint=endpoint + "/v1/traces", **options)
+    provider = TracerProvider(resource=Resource(resource), shutdown_on_exit=False)
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    TracerSink(provider, "sdk", {}).export_span_fragments({}, spans)
+    provider.shutdown()
+    return True
+
+
+
+def _spans_to_send() -> list:
+    from otel_torchdist import names as n
+    from otel_torchdist.otlp import SpanData
+
+    return [
+        SpanData("all_reduce", 0xA1, 0xB1, 0xC1, 1_000, 5_000, [(n.COLL_OP, "all_reduce"), (n.COLL_MESSAGE_SIZE, 4096), (n.COLL_BUSBW, 1.5)],
+                 shared=(((n.COLL_GROUP_RANKS, (0, 1)), (n.COLL_ASYNC, False)),)),
+        SpanData(n.SPAN_RANK_STEP, 0xA1, 0xC1, 0xD1, 500, 9_000, [(n.STEP, 3)], remote_parent=True, links=((0xE1, 0xF1, ()),)),
+        SpanData("broadcast", 0xA1, 0xB2, 0xC1, 6_000, 7_000, [], error="RuntimeError: boom",
+                 events=[("exception", 7_000, [("exception.type", "RuntimeError"), ("exception.message", "boom")])]),
+    ]  # fmt: skip
+
+
+def _decoded(requests_seen: list) -> tuple[dict, list]:
+    from google.protobuf.json_format import MessageToDict
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceRequest
+
+    resources, spans = [{}], []
+    for req in [r for r in list(requests_seen) if r["path"].endswith("/v1/traces")]:
+        for rs in ExportTraceServiceRequest.FromString(req["body"]).resource_spans:
+            resources.append({a.key: MessageToDict(a.value) for a in rs.resource.attributes})
+            for ss in rs.scope_spans:
+                assert ss.scope.name == "otel_torchdist" and ss.scope.version == otel_torchdist.__version__
+                for sp in ss.spans:
+                    d = MessageToDict(sp)
+                    d["attributes"] = sorted((a["key"], json.dumps(a["value"], sort_keys=True)) for a in d.get("attributes", []))
+                    d.setdefault("status", {})  # an empty Status message or none: both UNSET
+                    # Bits 8-9 (the parent is remote, and that this is known) must agree; the SDK's encoder
+                    # leaves the W3C trace flags (bits 0-7) out, the library sends the sampled bit.
+                    for item in [d] + d.get("links", []):
+                        item["flags"] = item.get("flags", 0) & 0x300
+                    spans.append(d)
+    resources = resources[1:] or resources
+    assert all(r == resources[0] for r in resources)
+    return resources[0], sorted(spans, key=lambda d: d["spanId"])
+
+
+def test_the_fast_exporter_sends_what_the_sdks_otlp_exporter_sends():
+    """The library's own OTLP/HTTP exporter (pre-encoded spans, native encoders) against the SDK's
+    OTLPSpanExporter, both to a real receiver, for the same spans: the same resource, spans, ids, times,
+    attributes, events, status and links."""
+    from .test_faults_export import OtlpHttpReceiver
+
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
 
-    sink = OtlpHttpSink(Config(endpoint=receiver.endpoint, headers={"x-tenant": "b"}), "metrics", "http/protobuf")
-    sink._adapter = None  # what the constructor leaves in those cases
+    resource = {"service.name": "same", "torchdist.rank": 0}
+    ours, theirs = OtlpHttpReceiver(), OtlpHttpReceiver()
     try:
-        assert sink.export_metrics({"service.name": "fallback"}, [], 0, 1, timeout=10)
-    finally:
+        sink = OtlpHttpSink(Config(endpoint=ours.endpoint), "traces", "http/protobuf")
+        assert sink.export_spans(resource, _spans_to_send(), timeout=10)
         sink.shutdown()
-    (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
-    assert got["path"] == "/v1/metrics" and got["headers"]["x-tenant"] == "b"
-    assert got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
+        assert _sdk_span_export(theirs.endpoint, _spans_to_send(), resource)
+        wait_for(lambda: len(_decoded(ours.requests)[1]) == len(_decoded(theirs.requests)[1]) == 3, 5, what="the spans at both")
+        ours_resource, ours_spans = _decoded(ours.requests)
+        theirs_resource, theirs_spans = _decoded(theirs.requests)
+    finally:
+        ours.stop()
+        theirs.stop()
+    assert ours_resource == {k: v for k, v in theirs_resource.items() if not k.startswith("telemetry.sdk.")}
+    assert ours_spans == theirs_spans
+
+
+@pytest.mark.parametrize(
+    "answers,posts,ok",
+    [
+        ([(503, {"Retry-After": "0"})], 2, True),  # retryable: tried again, after the delay the server asked for
+        ([(429, {"Retry-After": "0"}), (502, {"Retry-After": "0"})], 3, True),
+        ([(400, {})], 1, False),  # not retryable: once
+    ],
+)
+def test_the_fast_exporter_tries_again_when_the_sdks_exporter_does(answers, posts, ok):
+    from .test_faults_export import OtlpHttpReceiver
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    ours, theirs = OtlpHttpReceiver(answers=answers), OtlpHttpReceiver(answers=answers)
+    try:
+        sink = OtlpHttpSink(Config(endpoint=ours.endpoint), "traces", "http/protobuf")
+        assert sink.export_spans({"service.name": "retry"}, _spans_to_send()[:1], timeout=10) is ok
+        sink.shutdown()
+        _sdk_span_export(theirs.endpoint, _spans_to_send()[:1], {"service.name": "retry"})
+        for rx in (ours, theirs):  # a request is kept after it is answered
+            wait_for(lambda: len(rx.requests) == posts, 5, what=f"{posts} posts")
+        time.sleep(0.2)
+        assert len(ours.requests) == len(theirs.requests) == posts
+    finally:
+        ours.stop()
+        theirs.stop()
+
+
+def test_the_fast_exporter_gives_up_within_its_deadline_when_the_server_keeps_failing():
+    """A collector answering 503 with a Retry-After longer than the time left: no second try, no wait."""
+    from .test_faults_export import OtlpHttpReceiver
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    rx = OtlpHttpReceiver(answers=[(503, {"Retry-After": "30"})] * 6)
+    try:
+        sink = OtlpHttpSink(Config(endpoint=rx.endpoint), "metrics", "http/protobuf")
+        t0 = time.monotonic()
+        assert not sink.export_metrics({"service.name": "busy"}, [], 0, 1, timeout=2)
+        assert time.monotonic() - t0 < 1.5
+        wait_for(lambda: rx.requests, 5, what="the post at the collector")
+        time.sleep(0.2)
+        assert len(rx.requests) == 1
+        sink.shutdown()
+    finally:
+        rx.stop()
+
+
+@pytest.mark.parametrize("compression", ["gzip", "deflate"])
+def test_the_fast_exporter_compresses_as_configured(compression):
+    from .test_faults_export import OtlpHttpReceiver
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    rx = OtlpHttpReceiver()
+    try:
+        sink = OtlpHttpSink(Config(endpoint=rx.endpoint, compression=compression), "traces", "http/protobuf")
+        assert sink.export_spans({"service.name": "z"}, _spans_to_send(), timeout=10)
+        sink.shutdown()
+        (got,) = wait_for(lambda: rx.requests, 5, what="the post at the collector")  # kept after it answers
+        assert got["headers"]["Content-Encoding"] == compression and len(rx.spans()) == 3  # decoded by the receiver
+    finally:
+        rx.stop()

@@ -83,13 +83,6 @@ def test_bad_option_refuses_without_patching_anything(fake_pg):
     assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
 
 
-def test_bad_variable_names_it(fake_pg, monkeypatch):
-    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "every now and then")
-    with pytest.raises(ValueError, match="OTEL_METRIC_EXPORT_INTERVAL"):
-        otel_torchdist.instrument()
-    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
-
-
 class _Records(logging.Handler):
     def __init__(self) -> None:
         super().__init__()
@@ -97,6 +90,26 @@ class _Records(logging.Handler):
 
     def emit(self, record: logging.LogRecord) -> None:
         self.messages.append(record.getMessage())
+
+
+def test_bad_variable_of_ours_names_it(fake_pg, monkeypatch):
+    monkeypatch.setenv("OTEL_TORCHDIST_DRAIN_INTERVAL_MS", "every now and then")
+    with pytest.raises(ValueError, match="OTEL_TORCHDIST_DRAIN_INTERVAL_MS"):
+        otel_torchdist.instrument()
+    assert not TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+
+
+def test_bad_standard_variable_is_ignored_and_training_goes_on_captured(fake_pg, monkeypatch, instrumented):
+    """The SDK in the same process ignores it with a warning: so does the library, instead of ending the job."""
+    monkeypatch.setenv("OTEL_METRIC_EXPORT_INTERVAL", "every now and then")
+    seen = _Records()
+    logging.getLogger("otel_torchdist").addHandler(seen)
+    try:
+        instrumented()
+    finally:
+        logging.getLogger("otel_torchdist").removeHandler(seen)
+    assert TorchDistributedInstrumentor().is_instrumented_by_opentelemetry
+    assert any("OTEL_METRIC_EXPORT_INTERVAL='every now and then'" in m for m in seen.messages), seen.messages
 
 
 def test_unwritable_run_folder_is_refused_by_name_when_files_are_the_destination(fake_pg):

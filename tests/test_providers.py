@@ -274,7 +274,7 @@ def test_a_global_tracer_provider_is_found_without_options(monkeypatch, fake_pg,
     tp, mp, spans, reader = _providers()
     monkeypatch.setattr(trace, "get_tracer_provider", lambda: tp)  # set_tracer_provider works once a process
     chosen = providers.choose()
-    assert chosen.tracer_provider is tp and chosen.tracer_origin == "global"
+    assert chosen.tracer_provider is tp and chosen.tracer_origin == "the global opentelemetry.TracerProvider"
     assert chosen.meter_provider is None and chosen.meter_origin == "own"  # the API's placeholder
     instrumented()
     _steps(1)

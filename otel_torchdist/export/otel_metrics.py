@@ -83,9 +83,12 @@ _by_provider_lock = threading.Lock()
 class MeterBridge:
     """This instrumentation's metrics in ``meter_provider``: see the module docstring."""
 
-    def __init__(self, meter_provider: Any, origin: str, bounds: tuple[float, ...], base_labels: dict[str, str]) -> None:
+    def __init__(
+        self, meter_provider: Any, origin: str, bounds: tuple[float, ...], base_labels: dict[str, str], owned: bool = False
+    ) -> None:
         self.provider = meter_provider
         self.origin = origin
+        self.owned = owned  # made by the library (for an installed exporter): shut down with it
         with _by_provider_lock:
             try:
                 inst = _by_provider.get(meter_provider)
@@ -141,8 +144,10 @@ class MeterBridge:
         provider's last export (at its shutdown, after ours) still has them."""
         if self.instruments.source is self._source:
             self.read_from(lambda: final)
+        if self.owned:
+            from .providers import shutdown
+
+            shutdown(self.provider)
 
     def describe(self) -> str:
-        from .providers import describe
-
-        return describe(self.provider, self.origin)
+        return self.origin

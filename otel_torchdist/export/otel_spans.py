@@ -108,9 +108,10 @@ class TracerSink(Sink):
     name = "tracer"
     span_format = "data"  # the pipeline queues SpanData for it as they are (otlp.SPAN_ENCODERS)
 
-    def __init__(self, tracer_provider: Any, origin: str, scope_attributes: dict[str, Any]) -> None:
+    def __init__(self, tracer_provider: Any, origin: str, scope_attributes: dict[str, Any], owned: bool = False) -> None:
         self.provider = tracer_provider
         self.origin = origin
+        self.owned = owned  # made by the library (for an installed exporter): shut down with it
         self.tracer = tracer_provider.get_tracer(n.SCOPE_NAME, __version__, attributes=scope_attributes)
         # Which rank and run a span is from, on every span: the Resource is the application's.
         self.identity = tuple((k, scope_attributes[k]) for k in (n.RANK, n.RUN_ID) if k in scope_attributes)
@@ -162,12 +163,14 @@ class TracerSink(Sink):
         return force_flush(self.provider, timeout)
 
     def shutdown(self) -> None:
-        # The provider is the application's: its shutdown is the application's (and the SDK's at exit).
-        # Our tracer goes back to the provider's own id generator.
+        # An application's provider is shut down by the application (and the SDK, at exit); our tracer goes
+        # back to the provider's own id generator.
         if self.ids is not None and getattr(self.tracer, "id_generator", None) is self.ids:
             self.tracer.id_generator = self.ids.own
+        if self.owned:
+            from .providers import shutdown
+
+            shutdown(self.provider)
 
     def describe(self) -> str:
-        from .providers import describe
-
-        return describe(self.provider, self.origin)
+        return self.origin

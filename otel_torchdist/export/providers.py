@@ -27,8 +27,11 @@ class Providers:
     meter_provider: Any = None
     """The MeterProvider metrics go through, or None for the library's own metric exporters."""
     tracer_origin: str = "own"
-    """``option`` (passed in), ``global`` (the application's) or ``own``."""
+    """Where the TracerProvider comes from, for the start-up line: ``the given ...``, ``the global ...``, or
+    the installed exporters it was made for."""
     meter_origin: str = "own"
+    owned: tuple[bool, bool] = (False, False)
+    """Whether the library made the TracerProvider / the MeterProvider (and shuts it down)."""
 
 
 def _placeholder(provider: Any) -> bool:
@@ -43,7 +46,7 @@ def _placeholder(provider: Any) -> bool:
 
 def choose(tracer_provider: Any = None, meter_provider: Any = None) -> Providers:
     """The providers to use now (call it once the process knows it will export: at its first process group)."""
-    tracer_origin = meter_origin = "option"
+    tracer_origin = meter_origin = "given"
     if tracer_provider is None:
         tracer_provider, tracer_origin = trace_api.get_tracer_provider(), "global"
         if _placeholder(tracer_provider):
@@ -52,7 +55,13 @@ def choose(tracer_provider: Any = None, meter_provider: Any = None) -> Providers
         meter_provider, meter_origin = metrics_api.get_meter_provider(), "global"
         if _placeholder(meter_provider):
             meter_provider, meter_origin = None, "own"
-    return Providers(tracer_provider, meter_provider, tracer_origin, meter_origin)
+    return Providers(tracer_provider, meter_provider, _origin(tracer_provider, tracer_origin), _origin(meter_provider, meter_origin))
+
+
+def _origin(provider: Any, origin: str) -> str:
+    if provider is None:
+        return origin
+    return f"the {origin} {type(provider).__module__.split('.')[0]}.{type(provider).__qualname__}"
 
 
 def check(name: str, value: Any, api_class: type) -> None:
@@ -63,6 +72,72 @@ def check(name: str, value: Any, api_class: type) -> None:
 
 
 _GETTER = {"tracer_provider": "get_tracer", "meter_provider": "get_meter"}
+
+
+def own_resource(attributes: dict[str, Any]) -> dict[str, Any]:
+    """This rank's resource for the library's own exporters: ``attributes`` over what the SDK's resource
+    detectors find (``OTEL_EXPERIMENTAL_RESOURCE_DETECTORS``: host, process, os...). The SDK's own defaults
+    (service name, instance id, ``telemetry.sdk.*``) are not taken: the library sets the first two, and the
+    spans are not the SDK's."""
+    from opentelemetry.sdk.resources import Resource
+
+    try:
+        detected = Resource.create().attributes
+    except Exception:  # a detector that fails: the SDK logs it; the library's attributes are enough
+        detected = {}
+    skip = ("service.name", "service.instance.id")
+    out = {k: v for k, v in detected.items() if k not in skip and not k.startswith("telemetry.sdk.")}
+    out.update(attributes)
+    return out
+
+
+def with_installed_exporters(cfg: Any, providers: Providers, resource: dict[str, Any]) -> Providers:
+    """Add SDK providers of the library's own for the OTEL_*_EXPORTER names that are exporters installed for
+    the SDK rather than built in (a vendor's, zipkin...), where the signal has no provider yet."""
+    from importlib.metadata import entry_points
+
+    from ..config import EXPORTER_GROUPS, METRICS_EXPORTERS, TRACES_EXPORTERS
+
+    def installed(field: str, builtin: tuple[str, ...]) -> list[Any]:
+        names = [x for x in (getattr(cfg, field) or ()) if x not in builtin]
+        out = []
+        for name in names:
+            for ep in entry_points(group=EXPORTER_GROUPS[field], name=name):
+                out.append((name, ep.load()()))
+                break
+        return out
+
+    tracer_provider, tracer_origin = providers.tracer_provider, providers.tracer_origin
+    meter_provider, meter_origin = providers.meter_provider, providers.meter_origin
+    if tracer_provider is None and (span_exporters := installed("traces_exporter", TRACES_EXPORTERS)):
+        from opentelemetry.sdk.resources import Resource
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+        tracer_provider = TracerProvider(resource=Resource(resource), shutdown_on_exit=False)
+        tracer_origin = f"{', '.join(name for name, _ in span_exporters)} (installed for the OpenTelemetry SDK)"
+        for _, exporter in span_exporters:
+            tracer_provider.add_span_processor(
+                BatchSpanProcessor(exporter, max_queue_size=cfg.span_queue_size, schedule_delay_millis=cfg.span_schedule_delay * 1000,
+                                   max_export_batch_size=min(cfg.span_batch_size, cfg.span_queue_size))
+            )  # fmt: skip
+    if meter_provider is None and (metric_exporters := installed("metrics_exporter", METRICS_EXPORTERS)):
+        from opentelemetry.sdk.metrics import MeterProvider
+        from opentelemetry.sdk.metrics.export import PeriodicExportingMetricReader
+        from opentelemetry.sdk.resources import Resource
+
+        readers = [PeriodicExportingMetricReader(e, export_interval_millis=cfg.metric_export_interval * 1000) for _, e in metric_exporters]
+        meter_provider = MeterProvider(readers, resource=Resource(resource), shutdown_on_exit=False)
+        meter_origin = f"{', '.join(name for name, _ in metric_exporters)} (installed for the OpenTelemetry SDK)"
+    owned = (tracer_provider is not providers.tracer_provider, meter_provider is not providers.meter_provider)
+    return Providers(tracer_provider, meter_provider, tracer_origin, meter_origin, owned)
+
+
+def shutdown(provider: Any, timeout: float = 5.0) -> None:
+    """Shut down a provider the library made, waiting ``timeout`` seconds at most (its exporter may be stuck)."""
+    thread = threading.Thread(target=provider.shutdown, name="otel-torchdist-provider-shutdown", daemon=True)
+    thread.start()
+    thread.join(timeout)
 
 
 def force_flush(provider: Any, timeout: float) -> bool:
@@ -84,8 +159,3 @@ def force_flush(provider: Any, timeout: float) -> bool:
     thread.start()
     thread.join(timeout)
     return bool(result and result[0])
-
-
-def describe(provider: Any, origin: str) -> str:
-    kind = type(provider).__module__.split(".")[0] + "." + type(provider).__qualname__
-    return f"the {'global' if origin == 'global' else 'given'} {kind}"

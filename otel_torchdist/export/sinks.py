@@ -13,7 +13,9 @@ import logging
 import os
 import sys
 import threading
+import time
 import urllib.parse
+import zlib
 from typing import Any
 
 from .. import health
@@ -22,6 +24,8 @@ from .. import otlp
 from .._version import __version__
 from ..config import Config
 from ..otlp import MetricData, SpanData
+from . import retry
+from .temporality import Delta
 
 _log = logging.getLogger("otel_torchdist")
 
@@ -287,7 +291,7 @@ def _redacted(url: str) -> str:
     return urllib.parse.urlunsplit(parsed._replace(netloc=netloc))
 
 
-# zlib's fastest level. gzip.compress's default (9, what opentelemetry-python's exporter uses) took 5.5 ms
+# zlib's fastest level (gzip and deflate). gzip.compress's default (9, what opentelemetry-python's exporter uses) took 5.5 ms
 # of CPU for a batch of 512 collective spans (530 KB of protobuf) here, 11 us a span: more than building and
 # encoding the span. Level 1 took 1.2 ms for a body 17 % larger (28 KB against 24 KB).
 GZIP_LEVEL = 1
@@ -295,7 +299,6 @@ GZIP_LEVEL = 1
 
 # What the OTLP exporter spec asks an exporter to send: its name and version.
 USER_AGENT = f"otel-torchdist/{__version__}"
-_REDIRECTS = (301, 302, 303, 307, 308)
 
 
 def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path: str) -> str:
@@ -311,6 +314,9 @@ def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path
 
 
 class OtlpHttpSink(Sink):
+    """OTLP over HTTP through a ``requests.Session``, tried again as the SDK's exporters try again
+    (:mod:`.retry`)."""
+
     name = "otlp-http"
 
     def __init__(self, cfg: Config, signal: str, protocol: str) -> None:
@@ -324,11 +330,13 @@ class OtlpHttpSink(Sink):
         self.url = _signal_endpoint(cfg.endpoint, specific, protocol, f"v1/{signal}")
         headers = cfg.for_signal("headers", signal)
         headers["Content-Type"] = "application/json" if self.json else "application/x-protobuf"
-        self.gzip = cfg.for_signal("compression", signal) == "gzip"
-        if self.gzip:
-            headers["Content-Encoding"] = "gzip"
+        self.compression = cfg.for_signal("compression", signal)
+        if self.compression != "none":
+            headers["Content-Encoding"] = self.compression
         self.headers = headers
+        self._headers = {"User-Agent": USER_AGENT, **headers}
         self.timeout = cfg.for_signal("timeout", signal)
+        self.delta = Delta() if signal == "metrics" and cfg.metrics_temporality != "cumulative" else None
         self.session = requests.Session()
         # A session that trusts the environment reads it again for every request (proxies, NO_PROXY, the CA
         # bundle variables, ~/.netrc): 0.4 ms of CPU a request here, a third of what a span batch's post
@@ -348,92 +356,40 @@ class OtlpHttpSink(Sink):
             or True
         )
         client_cert, client_key = cfg.for_signal("client_certificate", signal), cfg.for_signal("client_key", signal)
-        self.cert = (client_cert, client_key) if client_cert and client_key else None
+        self.cert = (client_cert, client_key) if client_cert and client_key else client_cert or None
+        self._stop = threading.Event()
         self._failures = _FailureLog(f"{signal} to {_redacted(self.url)}")
-        # Each post goes straight to the connection pool requests' adapter keeps for this URL, set up as
-        # Session.post would set it up (proxy, TLS, client certificate), with the request's headers made
-        # once: the rest of Session.request (settings merged, hooks, a PreparedRequest a post) cost 0.63 ->
-        # 0.33 ms of CPU for a small post here. Cookies and redirects are handled as the session would.
-        self._headers = {"User-Agent": USER_AGENT, **headers}
-        self._adapter = None
-        try:
-            adapter = self.session.get_adapter(self.url)
-            prepared = requests.Request("POST", self.url, headers=self._headers, auth=self.auth).prepare()
-            self._target = adapter.request_url(prepared, self.proxies)
-            adapter.get_connection_with_tls_context(prepared, self.verify, self.proxies, self.cert)  # no connection yet
-        except Exception:
-            # Through Session.post instead: a setting requests refuses (a malformed proxy URL in the
-            # environment) then fails each post, logged and counted there, never instrument(); and requests
-            # older than 2.32.2 has no get_connection_with_tls_context.
-            return
-        self._prepared = prepared
-        self._fast_headers = {k: v for k, v in prepared.headers.items() if k.lower() != "content-length"}  # per body
-        self._adapter = adapter
+        # No answer: a connection refused or reset, a proxy or TLS failure (ConnectionError covers them), or
+        # nothing back in time (the deadline is spent then: no retry either way).
+        self._unreachable = (requests.exceptions.ConnectionError, requests.exceptions.Timeout)
 
     def _post(self, body: bytes, timeout: float | None) -> bool:
-        if self.gzip:
-            body = gzip.compress(body, compresslevel=GZIP_LEVEL)
-        timeout = self.timeout if timeout is None else min(timeout, self.timeout)
-        try:
-            status, text = self._send(body, timeout)
-        except Exception as exc:
-            reason = getattr(exc, "reason", None)  # urllib3's MaxRetryError: what made the one try fail
-            if not isinstance(reason, Exception):
-                reason = exc
-            self._failures.failed(f"{type(reason).__name__}: {reason}")
-            return False
-        if 200 <= status < 300:
+        body = compress(body, self.compression)
+        deadline = time.monotonic() + (self.timeout if timeout is None else min(timeout, self.timeout))
+        outcome = retry.send(lambda left: self._try(body, left), deadline, self._stop)
+        if outcome.ok:
             self._failures.succeeded()
             return True
-        self._failures.failed(f"HTTP {status} {text[:200]!r}")
+        self._failures.failed(outcome.reason)
         return False
 
-    def _send(self, body: bytes, timeout: float) -> tuple[int, str]:
-        """One POST of ``body``: (status, response text)."""
-        adapter = self._adapter
-        if adapter is None:
+    def _try(self, body: bytes, timeout: float) -> retry.Outcome:
+        try:
             resp = self.session.post(
                 self.url, data=body, headers=self._headers, timeout=timeout, verify=self.verify, cert=self.cert,
                 proxies=self.proxies, auth=self.auth,
             )  # fmt: skip
-            return resp.status_code, resp.text
-        from requests.cookies import extract_cookies_to_jar, get_cookie_header
-        from urllib3.util import Timeout
-
-        jar = self.session.cookies
-        headers = self._fast_headers
-        if jar and "Cookie" not in self._prepared.headers:  # e.g. a load balancer's sticky-session cookie
-            cookie = get_cookie_header(jar, self._prepared)
-            if cookie:
-                headers = {**headers, "Cookie": cookie}
-        conn = adapter.get_connection_with_tls_context(self._prepared, self.verify, self.proxies, self.cert)
-        adapter.cert_verify(conn, self.url, self.verify, self.cert)  # a CA bundle path that is not there
-        resp = conn.urlopen(
-            "POST", self._target, body=body, headers=headers, redirect=False, assert_same_host=False,
-            preload_content=False, decode_content=False, retries=adapter.max_retries,
-            timeout=Timeout(connect=timeout, read=timeout),
-        )  # fmt: skip
-        if "set-cookie" in resp.headers:
-            extract_cookies_to_jar(jar, self._prepared, resp)
-        if resp.status in _REDIRECTS and resp.headers.get("location"):
-            # Followed as Session.post follows it (method and body per status, Authorization dropped for
-            # another host), from this response: the post is not sent to this URL again.
-            request = self._prepared.copy()
-            request.prepare_body(body, None)
-            last = adapter.build_response(request, resp)
-            for last in self.session.resolve_redirects(
-                last, request, timeout=timeout, verify=self.verify, cert=self.cert, proxies=self.proxies
-            ):
-                pass
-            return last.status_code, last.text
-        try:
-            data = resp.read(decode_content=True)
-        except Exception:  # a body that is not what its Content-Encoding says: the status decides
-            data = b""
-            resp.close()
-        finally:
-            resp.release_conn()
-        return resp.status, data.decode("utf-8", "replace")
+        except Exception as exc:
+            reason = getattr(exc, "reason", None)  # urllib3's MaxRetryError: what made the one try fail
+            if not isinstance(reason, Exception):
+                reason = exc
+            return retry.Outcome(False, reason=f"{type(reason).__name__}: {reason}", unreachable=isinstance(exc, self._unreachable))
+        status = resp.status_code
+        if 200 <= status < 300:
+            return retry.Outcome(True)
+        retryable = status in retry.RETRYABLE_HTTP
+        delay = retry.retry_after(resp.headers.get("Retry-After")) if retryable else None
+        return retry.Outcome(False, retryable, f"HTTP {status} {resp.text[:200]!r}", delay)
 
     def export_span_fragments(self, resource, fragments, timeout=None):
         if self.signal != "traces":
@@ -445,11 +401,14 @@ class OtlpHttpSink(Sink):
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.signal != "metrics":
             return True
+        if self.delta is not None:
+            metrics = self.delta(metrics, start_ns, now_ns)
         if self.json:
             return self._post(otlp.metrics_to_json(resource, metrics, start_ns, now_ns).encode(), timeout)
         return self._post(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns).SerializeToString(), timeout)
 
     def shutdown(self) -> None:
+        self._stop.set()  # a retry waiting out its backoff gives up
         try:
             self.session.close()
         except Exception:
@@ -457,6 +416,15 @@ class OtlpHttpSink(Sink):
 
     def describe(self) -> str:
         return f"OTLP/{'JSON' if self.json else 'protobuf'} over HTTP to {_redacted(self.url)}"
+
+
+def compress(body: bytes, compression: str) -> bytes:
+    """``body`` as an OTLP/HTTP request sends it with Content-Encoding ``compression``."""
+    if compression == "gzip":
+        return gzip.compress(body, compresslevel=GZIP_LEVEL)
+    if compression == "deflate":
+        return zlib.compress(body, GZIP_LEVEL)
+    return body
 
 
 class OtlpGrpcSink(Sink):
@@ -477,8 +445,8 @@ class OtlpGrpcSink(Sink):
             insecure = parsed.scheme == "http"
         if parsed.scheme == "https":
             insecure = False
-        gzip_on = cfg.for_signal("compression", signal) == "gzip"
-        self._compression = grpc.Compression.Gzip if gzip_on else grpc.Compression.NoCompression
+        compression = cfg.for_signal("compression", signal)
+        self._compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(compression, grpc.Compression.NoCompression)
         self._credentials = None
         if not insecure:
             root = _read(cfg.for_signal("certificate", signal))
@@ -487,10 +455,12 @@ class OtlpGrpcSink(Sink):
             self._credentials = grpc.ssl_channel_credentials(root_certificates=root, private_key=key, certificate_chain=chain)
         self._reconnect = False
         self._shut_down = False
+        self._stop = threading.Event()
         self._connect()
         headers = cfg.for_signal("headers", signal)
         self.metadata = tuple((k.lower(), v) for k, v in headers.items())
         self.timeout = cfg.for_signal("timeout", signal)
+        self.delta = Delta() if signal == "metrics" and cfg.metrics_temporality != "cumulative" else None
         self.insecure = insecure
         self._failures = _FailureLog(f"{signal} to grpc://{self.target}")
 
@@ -516,12 +486,23 @@ class OtlpGrpcSink(Sink):
             self.export_call = metrics_service_pb2_grpc.MetricsServiceStub(self.channel).Export
 
     def _call(self, request, timeout: float | None) -> bool:
-        timeout = self.timeout if timeout is None else min(timeout, self.timeout)
+        deadline = time.monotonic() + (self.timeout if timeout is None else min(timeout, self.timeout))
+        outcome = retry.send(lambda left: self._try(request, left), deadline, self._stop)
+        if outcome.ok:
+            self._failures.succeeded()
+            return True
+        reason = outcome.reason
+        if self._shut_down:
+            reason += " (abandoned: the exporter was shut down while this call was waiting)"
+        self._failures.failed(reason)
+        return False
+
+    def _try(self, request, timeout: float) -> retry.Outcome:
         try:
             if self._reconnect and not self._shut_down:
                 # After UNAVAILABLE the channel waits out gRPC's reconnect backoff (up to 120 s) and fails
                 # every call meanwhile, so a collector that came back would lose everything sent in that
-                # window. A fresh channel connects at once, as the HTTP sink does on every request.
+                # window. A fresh channel connects at once, as the SDK's exporter reconnects.
                 self._reconnect = False
                 old = self.channel
                 self._connect()
@@ -529,20 +510,15 @@ class OtlpGrpcSink(Sink):
             self.export_call(request, metadata=self.metadata, timeout=timeout)
         except Exception as exc:
             code = getattr(exc, "code", None)
-            reason = f"{code().name}" if callable(code) else type(exc).__name__
+            name = code().name if callable(code) else type(exc).__name__
             details = getattr(exc, "details", None)
-            if callable(details):
-                reason += f": {details()}"
+            reason = f"{name}: {details()}" if callable(details) else name
             # Unreachable: reconnect on the next call. Not after a failed TLS handshake: the collector is up,
             # the configuration is wrong, and every new handshake would only add a line to gRPC's own log.
-            if reason.startswith("UNAVAILABLE") and "handshake" not in reason.lower():
+            if name == "UNAVAILABLE" and "handshake" not in reason.lower():
                 self._reconnect = True
-            if self._shut_down:
-                reason += " (abandoned: the exporter was shut down while this call was waiting)"
-            self._failures.failed(reason)
-            return False
-        self._failures.succeeded()
-        return True
+            return retry.Outcome(False, name in retry.RETRYABLE_GRPC, reason, _retry_info(exc), unreachable=name == "UNAVAILABLE")
+        return retry.Outcome(True)
 
     def export_span_fragments(self, resource, fragments, timeout=None):
         if self.signal != "traces":
@@ -552,10 +528,13 @@ class OtlpGrpcSink(Sink):
     def export_metrics(self, resource, metrics, start_ns, now_ns, timeout=None):
         if self.signal != "metrics":
             return True
+        if self.delta is not None:
+            metrics = self.delta(metrics, start_ns, now_ns)
         return self._call(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns), timeout)
 
     def shutdown(self) -> None:
         self._shut_down = True
+        self._stop.set()  # a retry waiting out its backoff gives up
         try:
             self.channel.close()  # also ends a call still waiting on a backend that never answers
         except Exception:
@@ -563,6 +542,21 @@ class OtlpGrpcSink(Sink):
 
     def describe(self) -> str:
         return f"OTLP/gRPC to {'http' if self.insecure else 'https'}://{self.target}"
+
+
+def _retry_info(exc: Exception) -> float | None:
+    """The delay a gRPC server asks for before the next try (``google.rpc.RetryInfo``), or None."""
+    trailing = getattr(exc, "trailing_metadata", None)
+    try:
+        raw = dict(trailing() or ()).get("google.rpc.retryinfo-bin") if callable(trailing) else None
+        if raw is None:
+            return None
+        from google.rpc.error_details_pb2 import RetryInfo
+
+        info = RetryInfo.FromString(raw)
+        return info.retry_delay.seconds + info.retry_delay.nanos / 1e9
+    except Exception:
+        return None
 
 
 def _read(path: str | None) -> bytes | None:
@@ -577,23 +571,23 @@ def build(cfg: Config, folder: str, rank: int, traces: bool = True, metrics: boo
     signal, which goes through a provider of the application's instead)."""
     span_sinks: list[Sink] = []
     metric_sinks: list[Sink] = []
-    traces = cfg.resolved_traces_exporter() if traces else "none"
+    traces = cfg.resolved_traces_exporter() if traces else ()
     metrics = cfg.resolved_metrics_exporters() if metrics else ()
-    if traces == "otlp":
+    if "otlp" in traces:
         proto = cfg.traces_protocol or cfg.protocol
         span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
     if "otlp" in metrics:
         proto = cfg.metrics_protocol or cfg.protocol
         metric_sinks.append(OtlpGrpcSink(cfg, "metrics") if proto == "grpc" else OtlpHttpSink(cfg, "metrics", proto))
-    if traces == "file" or "file" in metrics:
-        sink = FileSink(folder, rank, traces == "file", "file" in metrics, cfg.file_max_bytes)
-        if traces == "file":
+    if "file" in traces or "file" in metrics:
+        sink = FileSink(folder, rank, "file" in traces, "file" in metrics, cfg.file_max_bytes)
+        if "file" in traces:
             span_sinks.append(sink)
         if "file" in metrics:
             metric_sinks.append(sink)
-    if traces == "console" or "console" in metrics:
-        sink = ConsoleSink(traces == "console", "console" in metrics)
-        if traces == "console":
+    if "console" in traces or "console" in metrics:
+        sink = ConsoleSink("console" in traces, "console" in metrics)
+        if "console" in traces:
             span_sinks.append(sink)
         if "console" in metrics:
             metric_sinks.append(sink)
