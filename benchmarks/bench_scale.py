@@ -224,7 +224,9 @@ def _worker(spec: dict) -> dict:
     text = _get(f"http://{host}:{port}/metrics", None)
     openmetrics = _get(f"http://{host}:{port}/metrics", "application/openmetrics-text; version=1.0.0")
     data_points = pipeline.metric_data()
-    pb = otlp.metrics_to_proto(pipeline.resource, data_points, pipeline.start_ns, time.time_ns()).SerializeToString()
+    from otel_torchdist.export.sdk_metrics import metrics_pb
+
+    pb = metrics_pb(pipeline.resource, data_points, pipeline.start_ns, time.time_ns())
     as_json = otlp.metrics_to_json(pipeline.resource, data_points, pipeline.start_ns, time.time_ns())
     steps_done = pipeline.framework.get(n.STEPS_METRIC, ())
     target_file = os.path.join(folder, run_id, f"prometheus-targets.rank{rank}.json")

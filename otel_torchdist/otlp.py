@@ -1,9 +1,11 @@
-"""OTLP encoding of our spans and metric points, as protobuf and as OTLP/JSON, built directly.
+"""OTLP encoding of the library's spans (protobuf and OTLP/JSON) and metric points (OTLP/JSON), built directly.
 
-We do not go through the SDK's ``ReadableSpan`` and encoder (about 35 µs a span): records become plain
-:class:`SpanData` off the hot path and are encoded straight into the OTLP messages. The JSON form follows
-the OTLP/JSON mapping (hex trace and span ids, integer enums, 64-bit integers as strings), one
-``Export*ServiceRequest`` per line, which is what Jaeger's UI accepts as an uploaded trace file.
+Spans do not go through the SDK's ``ReadableSpan`` and encoder (about 50 µs to start and end a span and 80 µs
+or more to encode it, against a traced collective's 12 µs in all): records become plain :class:`SpanData` off
+the hot path and are encoded straight into the OTLP messages. Protobuf metrics go through the SDK's own
+exporter and encoder (export/standard.py). The JSON form follows the OTLP/JSON mapping (hex trace and span
+ids, integer enums, 64-bit integers as strings), one ``Export*ServiceRequest`` per line, which is what Jaeger's
+UI accepts as an uploaded trace file and the run folder's metrics files hold.
 """
 
 from __future__ import annotations
@@ -11,10 +13,6 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field
 from typing import Any
-
-from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
-from opentelemetry.proto.common.v1 import common_pb2
-from opentelemetry.proto.metrics.v1 import metrics_pb2
 
 from . import names as n
 from . import wire
@@ -79,30 +77,6 @@ class MetricData:
 
 
 # ------------------------------------------------------------------------------------------ protobuf
-def _set_value(av: common_pb2.AnyValue, v: Any) -> None:
-    if v is True or v is False:
-        av.bool_value = v
-    elif isinstance(v, int):
-        av.int_value = v
-    elif isinstance(v, float):
-        av.double_value = v
-    elif isinstance(v, (list, tuple)):
-        arr = av.array_value
-        for item in v:
-            _set_value(arr.values.add(), item)
-    else:
-        av.string_value = str(v)
-
-
-def _add_attributes(container, attrs: dict[str, Any]) -> None:
-    for key, value in attrs.items():
-        if value is None:
-            continue
-        kv = container.add()
-        kv.key = key
-        _set_value(kv.value, value)
-
-
 _scope_pb = b""
 
 
@@ -165,62 +139,6 @@ def trace_request_pb(resource: dict[str, Any], fragments: list[bytes]) -> bytes:
 
 def spans_to_proto(resource: dict[str, Any], spans: list[SpanData]) -> bytes:
     return trace_request_pb(resource, [span_pb(s) for s in spans])
-
-
-def metrics_to_proto(
-    resource: dict[str, Any], metrics: list[MetricData], start_ns: int, now_ns: int
-) -> metrics_service_pb2.ExportMetricsServiceRequest:
-    req = metrics_service_pb2.ExportMetricsServiceRequest()
-    rm = req.resource_metrics.add()
-    _add_attributes(rm.resource.attributes, resource)
-    sm = rm.scope_metrics.add()
-    sm.scope.name = n.SCOPE_NAME
-    sm.scope.version = __version__
-    for md in metrics:
-        if not md.points:
-            continue
-        m = sm.metrics.add()
-        m.name = md.metric.name
-        m.unit = md.metric.unit
-        m.description = md.metric.description
-        if md.metric.instrument == "histogram":
-            m.histogram.aggregation_temporality = md.temporality
-            for pt in md.points:
-                dp = m.histogram.data_points.add()
-                _add_attributes(dp.attributes, pt.attributes)
-                dp.start_time_unix_nano = md.start_ns or start_ns
-                dp.time_unix_nano = now_ns
-                dp.count = pt.count
-                dp.sum = pt.sum
-                dp.bucket_counts.extend(pt.bucket_counts)
-                dp.explicit_bounds.extend(pt.bounds)
-                if pt.min is not None:
-                    dp.min = pt.min
-                    dp.max = pt.max
-                for value, t, trace_id, span_id in pt.exemplars:
-                    ex = dp.exemplars.add()
-                    ex.as_double = value
-                    ex.time_unix_nano = t
-                    ex.trace_id = trace_id.to_bytes(16, "big")
-                    ex.span_id = span_id.to_bytes(8, "big")
-        else:
-            if md.metric.instrument == "counter":
-                data = m.sum
-                data.aggregation_temporality = md.temporality
-                data.is_monotonic = True
-            else:
-                data = m.gauge
-            for pt in md.points:
-                dp = data.data_points.add()
-                _add_attributes(dp.attributes, pt.attributes)
-                if md.metric.instrument == "counter":
-                    dp.start_time_unix_nano = md.start_ns or start_ns
-                dp.time_unix_nano = now_ns
-                if isinstance(pt.value, int):
-                    dp.as_int = pt.value
-                else:
-                    dp.as_double = pt.value
-    return req
 
 
 # ---------------------------------------------------------------------------------------------- JSON

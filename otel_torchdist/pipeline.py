@@ -4,8 +4,10 @@ Two daemon threads, so a slow backend never stalls aggregation:
 
 * the **drain** thread wakes every ``drain_interval``, empties the record queue, folds every record into
   the metric store and turns sampled ones into spans (bounded queue; overflow is dropped and counted);
-* the **export** thread sends span batches every ``span_schedule_delay`` (or as soon as a batch is full)
-  and metric snapshots every ``metric_export_interval``, each call bounded by the exporter timeout.
+* the **export** thread sends span batches every ``span_schedule_delay`` (or as soon as a batch is full),
+  and the **metrics** thread metric snapshots every ``metric_export_interval``, each call bounded by the
+  exporter timeout: a metric exporter retrying against a collector that is down (the SDK's exporter waits
+  out its backoff) never holds the spans back, nor spans the metrics.
 
 ``flush(timeout)`` does both at once from the calling thread, within the deadline.
 """
@@ -50,6 +52,34 @@ STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
 SPAN_ATTRIBUTES_MAX = 64  # more than any span of the library carries: a count limit at or above it cuts nothing
 
 
+class ExportLock:
+    """One export path's lock (spans, metrics), taken within a timeout; without waiting while its holder is an
+    export call a flush already waited out (stuck on a backend that never answers), so the flushes of
+    destroy_process_group() and of process exit do not add up behind the same stuck call."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._turn = 0  # incremented by every holder
+        self._abandoned = -1
+
+    @property
+    def stuck(self) -> bool:
+        """Whether its holder is an export call a flush gave up waiting for."""
+        return self._abandoned == self._turn
+
+    def take(self, timeout: float) -> bool:
+        if self.stuck:
+            timeout = 0.0
+        if self._lock.acquire(timeout=max(timeout, 0.0)):
+            self._turn += 1
+            return True
+        self._abandoned = self._turn
+        return False
+
+    def release(self) -> None:
+        self._lock.release()
+
+
 class Pipeline:
     def __init__(self, cfg: Config) -> None:
         self.cfg = cfg
@@ -84,23 +114,25 @@ class Pipeline:
         self._stop = threading.Event()
         self._wake = threading.Event()
         self._drain_lock = threading.Lock()
-        self._export_lock = threading.Lock()
-        # Export calls stuck on a backend that never answers: a flush that waited one out does not wait for
-        # it again (``_take_export_lock``), and the spans it holds are counted as dropped at stop.
-        self._export_turn = 0  # incremented by every holder of _export_lock
-        self._abandoned_turn = -1
+        self._span_lock = ExportLock()
+        self._metric_lock = ExportLock()
         self._in_flight = 0  # spans inside the export call now running; None once stop() counted them
         self._in_flight_lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._exporter: threading.Thread | None = None
+        self._metrics_wake = threading.Event()
         self._room_until: float | None = None  # when this drain stops waiting for room in the span queue (_room)
         self._last_metrics = time.monotonic()
         self._last_spans = time.monotonic()
-        self._urgent = False
+        self._urgent = self._urgent_metrics = False
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        for name, target in (("otel-torchdist-drain", self._drain_loop), ("otel-torchdist-export", self._export_loop)):
+        for name, target in (
+            ("otel-torchdist-drain", self._drain_loop),
+            ("otel-torchdist-metrics", self._metrics_loop),
+            ("otel-torchdist-export", self._export_loop),
+        ):
             t = threading.Thread(target=target, name=name, daemon=True)
             t.start()
             self._threads.append(t)
@@ -159,9 +191,10 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         self._stop.set()
         self._wake.set()
+        self._metrics_wake.set()
+        stuck = {"otel-torchdist-export": self._span_lock.stuck, "otel-torchdist-metrics": self._metric_lock.stuck}
         for t in self._threads:
-            stuck = t.name == "otel-torchdist-export" and self._abandoned_turn == self._export_turn
-            t.join(0.0 if stuck else max(0.0, min(1.0, deadline - time.monotonic())))
+            t.join(0.0 if stuck.get(t.name) else max(0.0, min(1.0, deadline - time.monotonic())))
         self._threads.clear()
         ok = self.flush(max(0.0, deadline - time.monotonic()), force=True)
         left = self._clear_spans()
@@ -403,8 +436,9 @@ class Pipeline:
 
     def export_soon(self) -> None:
         """Send spans and metrics now rather than at their intervals (a hang was found)."""
-        self._urgent = True
+        self._urgent = self._urgent_metrics = True
         self._wake.set()
+        self._metrics_wake.set()
 
     def _room(self) -> bool:
         """Room in the full span queue, after a moment for the export thread to take a batch from it. It
@@ -441,7 +475,7 @@ class Pipeline:
     def _export_loop(self) -> None:
         cfg = self.cfg
         while not self._stop.is_set():
-            self._wake.wait(min(cfg.span_schedule_delay, self.metric_interval, 1.0))
+            self._wake.wait(min(cfg.span_schedule_delay, 1.0))
             self._wake.clear()
             if self._stop.is_set() or self.resource is None:
                 continue
@@ -452,17 +486,29 @@ class Pipeline:
                 if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
                     self._last_spans = now
                     self.export_spans(now + cfg.for_signal("timeout", "traces") * 2)
-                if urgent or now - self._last_metrics >= self.metric_interval:
-                    self._last_metrics = now
-                    self.export_metrics(cfg.for_signal("timeout", "metrics"))
             except Exception as exc:
                 health.error("pipeline", "the export thread hit an error", exc)
+
+    def _metrics_loop(self) -> None:
+        while not self._stop.is_set():
+            self._metrics_wake.wait(min(self.metric_interval, 1.0))
+            self._metrics_wake.clear()
+            if self._stop.is_set() or self.resource is None:
+                continue
+            now = time.monotonic()
+            urgent, self._urgent_metrics = self._urgent_metrics, False
+            try:
+                if urgent or now - self._last_metrics >= self.metric_interval:
+                    self._last_metrics = now
+                    self.export_metrics(self.cfg.for_signal("timeout", "metrics"))
+            except Exception as exc:
+                health.error("pipeline", "the metrics thread hit an error", exc)
 
     def export_spans(self, deadline: float) -> bool:
         """Send queued spans in batches until the queue is empty or ``deadline`` (monotonic) passes."""
         ok = True
         # Bounded: the export thread may hold the lock, stuck on a slow backend for its own timeout.
-        if not self._take_export_lock(deadline - time.monotonic()):
+        if not self._span_lock.take(deadline - time.monotonic()):
             return False
         try:
             while self.resource is not None and self.encoded:
@@ -488,20 +534,8 @@ class Pipeline:
                         health.dropped("span_batch")
                     ok = ok and sent
         finally:
-            self._export_lock.release()
+            self._span_lock.release()
         return ok
-
-    def _take_export_lock(self, timeout: float) -> bool:
-        """The export lock within ``timeout`` seconds; without waiting while its holder is an export call a
-        flush already waited out (stuck on a backend that never answers), so the flushes of
-        destroy_process_group() and of process exit do not add up behind the same stuck call."""
-        if self._abandoned_turn == self._export_turn:
-            timeout = 0.0
-        if self._export_lock.acquire(timeout=max(timeout, 0.0)):
-            self._export_turn += 1
-            return True
-        self._abandoned_turn = self._export_turn
-        return False
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
@@ -536,7 +570,7 @@ class Pipeline:
             return True
         ok = True
         deadline = time.monotonic() + timeout
-        if not self._take_export_lock(timeout):
+        if not self._metric_lock.take(timeout):
             return False
         try:
             data = self.metric_data()
@@ -547,7 +581,7 @@ class Pipeline:
                     health.dropped("metric_batch")
                     ok = False
         finally:
-            self._export_lock.release()
+            self._metric_lock.release()
         return ok
 
     def flush(self, timeout: float, force: bool = False) -> bool:

@@ -101,6 +101,7 @@ def backend_absent(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     drops = health.drops()
     metrics_text = _scrape(runtime.current().prometheus.url)
     dist.barrier()
+    _note_library_exit(out, rank)
     t_last = time.time()  # end of training: from here on only the library's teardown runs
     dist.destroy_process_group()
     return {"checksum": checksum, "flushed": flushed, "drops": drops, "metrics_text": metrics_text, "t_last": t_last}
@@ -195,9 +196,9 @@ def backend_stuck(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     pipeline = runtime.current().pipeline
     _train(rank, ws, 20, 4)
     deadline = time.monotonic() + 30
-    while not pipeline._export_lock.locked() and time.monotonic() < deadline:
+    while not pipeline._span_lock._lock.locked() and time.monotonic() < deadline:
         time.sleep(0.01)
-    stuck_before = pipeline._export_lock.locked()
+    stuck_before = pipeline._span_lock._lock.locked()
     proc = psutil.Process()
     samples = []
     t_burst = time.time()
@@ -214,7 +215,7 @@ def backend_stuck(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     result = {
         "checksum": checksum,
         "stuck_before": stuck_before,
-        "stuck_after": pipeline._export_lock.locked(),
+        "stuck_after": pipeline._span_lock._lock.locked(),
         "samples": samples,
         "burst_s": t_last - t_burst,
         "drops": health.drops(),

@@ -266,10 +266,14 @@ def test_per_signal_otlp_settings_override_the_generic_ones(tmp_path):
     assert (traces.verify, traces.compression, traces.timeout) == (str(traces_ca), "gzip", 7.0)
     assert (metrics.verify, metrics.compression, metrics.timeout) == (str(ca), "none", 3.0)
     assert traces.headers["authorization"] == "Bearer all" and metrics.headers["authorization"] == "Bearer metrics"
-    grpc_metrics = OtlpGrpcSink(config.load({}, environ={**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}), "metrics")
+    grpc_env = {**env, "OTEL_EXPORTER_OTLP_ENDPOINT": "collector:4317"}
+    grpc_traces, grpc_metrics = OtlpGrpcSink(config.load({}, environ=grpc_env), "traces"), OtlpGrpcSink(config.load({}, environ=grpc_env), "metrics")
     try:
-        assert grpc_metrics.insecure is True  # the metrics-only INSECURE applies to metrics alone
+        # Without a scheme, TLS unless INSECURE says true, as the SDK decides: the metrics-only INSECURE
+        # applies to metrics alone.
+        assert (grpc_traces.insecure, grpc_metrics.insecure) == (False, True)
     finally:
+        grpc_traces.shutdown()
         grpc_metrics.shutdown()
 
 

@@ -212,13 +212,13 @@ def _only_http_proxy(monkeypatch, url: str) -> None:
         monkeypatch.delenv(var, raising=False)
 
 
-def _export_empty_metrics(endpoint: str, **options) -> bool:
+def _export_empty_spans(endpoint: str, **options) -> bool:
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
 
-    sink = OtlpHttpSink(Config(endpoint=endpoint, **options), "metrics", "http/protobuf")
+    sink = OtlpHttpSink(Config(endpoint=endpoint, **options), "traces", "http/protobuf")
     try:
-        return sink.export_metrics({"service.name": "relay-test"}, [], 0, 1, timeout=10)
+        return sink.export_spans({"service.name": "relay-test"}, [], timeout=10)
     finally:
         sink.shutdown()
 
@@ -234,12 +234,12 @@ def test_the_http_exporter_goes_through_a_proxy_with_its_credentials_and_the_net
     netrc.chmod(0o600)
     monkeypatch.setenv("NETRC", str(netrc))
     _only_http_proxy(monkeypatch, f"http://puser:ppass@127.0.0.1:{relay.server_address[1]}")
-    assert _export_empty_metrics(receiver.endpoint)
+    assert _export_empty_spans(receiver.endpoint)
     (via,) = relay.seen
-    assert via["line"] == f"POST {receiver.endpoint}/v1/metrics HTTP/1.1"
+    assert via["line"] == f"POST {receiver.endpoint}/v1/traces HTTP/1.1"
     assert via["headers"]["Proxy-Authorization"] == "Basic " + base64.b64encode(b"puser:ppass").decode()
     (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")  # kept after it answers
-    assert got["path"] == "/v1/metrics"
+    assert got["path"] == "/v1/traces"
     assert got["headers"]["Authorization"] == "Basic " + base64.b64encode(b"user:secret").decode()
     assert got["headers"]["User-Agent"] == f"otel-torchdist/{otel_torchdist.__version__}"
     assert "Proxy-Authorization" not in got["headers"]
@@ -247,11 +247,11 @@ def test_the_http_exporter_goes_through_a_proxy_with_its_credentials_and_the_net
 
 def test_the_http_exporter_follows_a_redirect(relay, receiver):
     """A 307 from the endpoint is followed (the post is sent again, body and headers, where it points)."""
-    relay.redirect_to = receiver.endpoint + "/v1/metrics"
-    assert _export_empty_metrics(f"http://127.0.0.1:{relay.server_address[1]}", headers={"x-tenant": "a"})
-    assert [s["line"] for s in relay.seen] == ["POST /v1/metrics HTTP/1.1"]
+    relay.redirect_to = receiver.endpoint + "/v1/traces"
+    assert _export_empty_spans(f"http://127.0.0.1:{relay.server_address[1]}", headers={"x-tenant": "a"})
+    assert [s["line"] for s in relay.seen] == ["POST /v1/traces HTTP/1.1"]
     (got,) = wait_for(lambda: receiver.requests, 5, what="the post at the collector")
-    assert got["path"] == "/v1/metrics" and got["headers"]["x-tenant"] == "a"
+    assert got["path"] == "/v1/traces" and got["headers"]["x-tenant"] == "a"
     assert got["headers"]["Content-Type"] == "application/x-protobuf"
 
 
@@ -261,10 +261,10 @@ def test_the_http_exporter_sends_back_the_cookie_a_load_balancer_set(relay):
     from otel_torchdist.export.sinks import OtlpHttpSink
 
     relay.cookie = "AWSALB=abc"
-    sink = OtlpHttpSink(Config(endpoint=f"http://127.0.0.1:{relay.server_address[1]}"), "metrics", "http/protobuf")
+    sink = OtlpHttpSink(Config(endpoint=f"http://127.0.0.1:{relay.server_address[1]}"), "traces", "http/protobuf")
     try:
         for _ in range(3):
-            assert sink.export_metrics({"service.name": "cookie-test"}, [], 0, 1, timeout=10)
+            assert sink.export_spans({"service.name": "cookie-test"}, [], timeout=10)
     finally:
         sink.shutdown()
     assert [s["headers"].get("Cookie") for s in relay.seen] == [None, "AWSALB=abc", "AWSALB=abc"]
@@ -277,10 +277,10 @@ def test_a_malformed_proxy_setting_fails_each_export_not_instrument(monkeypatch)
     from otel_torchdist.export.sinks import OtlpHttpSink
 
     _only_http_proxy(monkeypatch, "http://[::1")
-    sink = OtlpHttpSink(Config(endpoint="http://127.0.0.1:4318"), "metrics", "http/protobuf")
+    sink = OtlpHttpSink(Config(endpoint="http://127.0.0.1:4318"), "traces", "http/protobuf")
     with library_log() as messages:
-        assert not sink.export_metrics({"service.name": "proxy-typo"}, [], 0, 1, timeout=2)
-        assert not sink.export_metrics({"service.name": "proxy-typo"}, [], 0, 1, timeout=2)
+        assert not sink.export_spans({"service.name": "proxy-typo"}, [], timeout=2)
+        assert not sink.export_spans({"service.name": "proxy-typo"}, [], timeout=2)
     sink.shutdown()
     failing = [m for m in messages if "is failing" in m]
     assert len(failing) == 1 and "Invalid" in failing[0], failing
@@ -406,9 +406,9 @@ def test_the_fast_exporter_gives_up_within_its_deadline_when_the_server_keeps_fa
 
     rx = OtlpHttpReceiver(answers=[(503, {"Retry-After": "30"})] * 6)
     try:
-        sink = OtlpHttpSink(Config(endpoint=rx.endpoint), "metrics", "http/protobuf")
+        sink = OtlpHttpSink(Config(endpoint=rx.endpoint), "traces", "http/protobuf")
         t0 = time.monotonic()
-        assert not sink.export_metrics({"service.name": "busy"}, [], 0, 1, timeout=2)
+        assert not sink.export_spans({"service.name": "busy"}, [], timeout=2)
         assert time.monotonic() - t0 < 1.5
         wait_for(lambda: rx.requests, 5, what="the post at the collector")
         time.sleep(0.2)

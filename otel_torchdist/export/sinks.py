@@ -25,6 +25,7 @@ from .._version import __version__
 from ..config import Config
 from ..otlp import MetricData, SpanData
 from . import retry
+from .sdk_metrics import metrics_pb
 from .temporality import Delta
 
 _log = logging.getLogger("otel_torchdist")
@@ -315,7 +316,7 @@ def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path
 
 class OtlpHttpSink(Sink):
     """OTLP over HTTP through a ``requests.Session``, tried again as the SDK's exporters try again
-    (:mod:`.retry`)."""
+    (:mod:`.retry`): spans (encoded by the library) or metrics (protobuf by the SDK's encoder, sdk_metrics.py)."""
 
     name = "otlp-http"
 
@@ -405,7 +406,7 @@ class OtlpHttpSink(Sink):
             metrics = self.delta(metrics, start_ns, now_ns)
         if self.json:
             return self._post(otlp.metrics_to_json(resource, metrics, start_ns, now_ns).encode(), timeout)
-        return self._post(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns).SerializeToString(), timeout)
+        return self._post(metrics_pb(resource, metrics, start_ns, now_ns), timeout)
 
     def shutdown(self) -> None:
         self._stop.set()  # a retry waiting out its backoff gives up
@@ -428,6 +429,9 @@ def compress(body: bytes, compression: str) -> bytes:
 
 
 class OtlpGrpcSink(Sink):
+    """OTLP over gRPC, requests sent as already serialized bytes (spans encoded by the library, metrics by the
+    SDK's encoder), tried again as the SDK's exporters try again (:mod:`.retry`)."""
+
     name = "otlp-grpc"
 
     def __init__(self, cfg: Config, signal: str) -> None:
@@ -440,11 +444,7 @@ class OtlpGrpcSink(Sink):
         parsed = urllib.parse.urlparse(url)
         # A user part (user:password@) is no part of a gRPC target; it would only end up in log lines.
         self.target = (parsed.netloc or parsed.path).rpartition("@")[2]
-        insecure = cfg.for_signal("insecure", signal)
-        if insecure is None:
-            insecure = parsed.scheme == "http"
-        if parsed.scheme == "https":
-            insecure = False
+        insecure = grpc_insecure(cfg, signal)
         compression = cfg.for_signal("compression", signal)
         self._compression = {"gzip": grpc.Compression.Gzip, "deflate": grpc.Compression.Deflate}.get(compression, grpc.Compression.NoCompression)
         self._credentials = None
@@ -466,7 +466,7 @@ class OtlpGrpcSink(Sink):
 
     def _connect(self) -> None:
         import grpc
-        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2_grpc
+        from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
         # A channel of its own subchannels: a new channel must really reconnect (see _call).
@@ -475,15 +475,17 @@ class OtlpGrpcSink(Sink):
             self.channel = grpc.insecure_channel(self.target, options=options, compression=self._compression)
         else:
             self.channel = grpc.secure_channel(self.target, self._credentials, options=options, compression=self._compression)
-        if self.signal == "traces":
-            # Spans arrive already serialized (otlp.spans_to_proto): send the bytes as they are.
-            self.export_call = self.channel.unary_unary(
-                "/opentelemetry.proto.collector.trace.v1.TraceService/Export",
-                request_serializer=lambda body: body,
-                response_deserializer=trace_service_pb2.ExportTraceServiceResponse.FromString,
-            )
-        else:
-            self.export_call = metrics_service_pb2_grpc.MetricsServiceStub(self.channel).Export
+        # Requests arrive already serialized: send the bytes as they are.
+        service, response = (
+            ("trace.v1.TraceService", trace_service_pb2.ExportTraceServiceResponse)
+            if self.signal == "traces"
+            else ("metrics.v1.MetricsService", metrics_service_pb2.ExportMetricsServiceResponse)
+        )
+        self.export_call = self.channel.unary_unary(
+            f"/opentelemetry.proto.collector.{service}/Export",
+            request_serializer=lambda body: body,
+            response_deserializer=response.FromString,
+        )
 
     def _call(self, request, timeout: float | None) -> bool:
         deadline = time.monotonic() + (self.timeout if timeout is None else min(timeout, self.timeout))
@@ -530,7 +532,8 @@ class OtlpGrpcSink(Sink):
             return True
         if self.delta is not None:
             metrics = self.delta(metrics, start_ns, now_ns)
-        return self._call(otlp.metrics_to_proto(resource, metrics, start_ns, now_ns), timeout)
+        return self._call(metrics_pb(resource, metrics, start_ns, now_ns), timeout)
+
 
     def shutdown(self) -> None:
         self._shut_down = True
@@ -542,6 +545,20 @@ class OtlpGrpcSink(Sink):
 
     def describe(self) -> str:
         return f"OTLP/gRPC to {'http' if self.insecure else 'https'}://{self.target}"
+
+
+def grpc_insecure(cfg: Config, signal: str) -> bool:
+    """Plaintext gRPC, as the SDK's gRPC exporters decide it: ``https://`` never; ``http://`` unless
+    ``OTEL_EXPORTER_OTLP_INSECURE`` says false; an endpoint without a scheme only when it says true (the
+    default endpoint is ``http://localhost:4317``)."""
+    raw = (cfg.traces_endpoint if signal == "traces" else cfg.metrics_endpoint) or cfg.endpoint or "http://localhost:4317"
+    scheme = raw.split("://", 1)[0].lower() if "://" in raw else ""
+    insecure = cfg.for_signal("insecure", signal)
+    if scheme == "https":
+        return False
+    if insecure is not None:
+        return insecure
+    return scheme == "http"
 
 
 def _retry_info(exc: Exception) -> float | None:
