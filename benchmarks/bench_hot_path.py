@@ -30,8 +30,9 @@ exporters, as a program that set up OpenTelemetry itself has them: a TracerProvi
 BatchSpanProcessor and the SDK's OTLP span exporter, a MeterProvider with a PeriodicExportingMetricReader and
 the SDK's OTLP metric exporter, passed to ``instrument()`` (the "metrics only" variant's provider samples
 nothing: ALWAYS_OFF). The SDK's batch processor exports on its own thread while the loop runs, so the whole
-CPU cost is also given as this process's CPU time over the instrumented round (loop, pauses, flush: every
-thread) less the plain round's, per collective.
+CPU cost is also given as this process's CPU time over the instrumented loop, its pauses and the final flush
+(the providers' own flush included; every thread, the library's idle threads' wake-ups too) less the plain
+loop's, per collective.
 """
 
 from __future__ import annotations
@@ -120,6 +121,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--endpoint", help="export over OTLP/HTTP protobuf to this receiver instead of the run folder")
     parser.add_argument("--grpc", action="store_true", help="with --endpoint: over OTLP/gRPC instead of HTTP")
     parser.add_argument("--sdk", action="store_true", help="with --endpoint: through SDK providers with the SDK's OTLP exporters")
+    parser.add_argument(
+        "--sdk-tracer-only", action="store_true",
+        help="with --sdk: the TracerProvider only; metrics through the library's own OTLP exporter (global_meter_provider=False)",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     if args.sdk and not args.endpoint:
         parser.error("--sdk needs --endpoint (the receiver the SDK's exporters send to)")
@@ -130,6 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         where = f"OTLP/{'gRPC' if args.grpc else 'HTTP protobuf'} to {args.endpoint} (this process's CPU time)"
         if args.sdk:
             where = "the application's SDK providers (BatchSpanProcessor, PeriodicExportingMetricReader), " + where
+            if args.sdk_tracer_only:
+                where = "spans through the application's SDK TracerProvider (BatchSpanProcessor), metrics the library's own, " + where
     else:
         export = dict(metrics_exporter=("file",), traces_exporter="file")
         where = "OTLP/JSON file"
@@ -162,7 +169,6 @@ def main(argv: list[str] | None = None) -> int:
             plain[variant].append(_loop(args.calls, args.chunk, t, lambda: None, step_every, chunks=plain_chunks[variant])[0])
             cpu_plain = time.process_time_ns() - cpu0
             providers = _sdk_providers(args, variant == "always_off") if args.sdk else {}
-            cpu0 = time.process_time_ns()
             otel_torchdist.instrument(
                 run_dir=folder,
                 run_id=f"bench-{variant}",
@@ -180,16 +186,17 @@ def main(argv: list[str] | None = None) -> int:
             )
             pipeline = runtime.current().pipeline
             pause = lambda: _on_other_thread(lambda: _background(pipeline))  # noqa: E731
+            cpu0 = time.process_time_ns()
             on_thread, drained = _loop(args.calls, args.chunk, t, pause, step_every, clock, hot_chunks[variant])
             hot[variant].append(on_thread)
             start = clock()
             runtime.current().flush(600)
             exported = (clock() - start) / args.calls / 1e3
             deferred[variant].append(drained + exported)
+            cpu_whole[variant].append((time.process_time_ns() - cpu0 - cpu_plain) / args.calls / 1e3)
             otel_torchdist.uninstrument()
             for provider in providers.values():
                 provider.shutdown()
-            cpu_whole[variant].append((time.process_time_ns() - cpu0 - cpu_plain) / args.calls / 1e3)
     dist.destroy_process_group()
 
     def stats(values: list[float]) -> str:
@@ -223,7 +230,7 @@ def main(argv: list[str] | None = None) -> int:
     print("whole CPU cost per collective (median added + median deferred; median of added + deferred in plain calls of the same round):")
     for label, (value, calls) in whole.items():
         print(f"  {label:<56} {value:8.2f} us {calls:6.2f} plain calls")
-    print("whole CPU cost per collective as this process's CPU time, instrumented round less plain round (every thread):")
+    print("whole CPU cost per collective as this process's CPU time, instrumented loop and flush less plain loop (every thread):")
     for variant, label in labels.items():
         print(f"  {label:<56} {statistics.median(cpu_whole[variant]):8.2f} us")
     # A shared host's slow spells only ever add time: the fastest chunks show its undisturbed speed (timeit's
@@ -258,6 +265,8 @@ def _sdk_providers(args, sample_nothing: bool) -> dict:
     tracer_provider = TracerProvider(sampler=ALWAYS_OFF if sample_nothing else None, shutdown_on_exit=False)
     # A queue that holds a round's spans: the benchmark measures cost, not the processor's drops.
     tracer_provider.add_span_processor(BatchSpanProcessor(spans, max_queue_size=args.calls + 4096))
+    if args.sdk_tracer_only:
+        return {"tracer_provider": tracer_provider}
     reader = PeriodicExportingMetricReader(metrics, export_interval_millis=60_000)
     return {"tracer_provider": tracer_provider, "meter_provider": MeterProvider([reader], shutdown_on_exit=False)}
 

@@ -1,6 +1,6 @@
 """The background half: records -> exact metrics and sampled spans -> sinks.
 
-Two daemon threads, so a slow backend never stalls aggregation:
+Three daemon threads, so a slow backend never stalls aggregation:
 
 * the **drain** thread wakes every ``drain_interval``, empties the record queue, folds every record into
   the metric store and turns sampled ones into spans (bounded queue; overflow is dropped and counted);
@@ -271,11 +271,10 @@ class Pipeline:
             self._fold = mod.fold
 
     def bridge_metrics(self, meter: Any) -> None:
-        """Record every duration in ``meter`` too (export.otel_metrics.MeterBridge), and read the totals from
-        this pipeline: the native fold does not hand single values back, so records go through process()."""
+        """Record every duration in ``meter`` too (export.otel_metrics.MeterBridge: process() and the native
+        fold hand it each value), and read the totals from this pipeline."""
         with self._drain_lock:
             self.meter = meter
-            self._fold = None
         self.framework.set_tap(meter.tap, self.base_labels)
         meter.read_from(self.metric_data)
 
@@ -289,10 +288,11 @@ class Pipeline:
         store, step_stats = self.store, self.step_stats
         roots_unsampled = self.sampler.bound == 0  # then outside a step too, no record makes a span
         open_step, report = self.open_step_stats, self._fold_failed
+        tap = self.meter.collective_value if self.meter is not None else None
         while q:
             if fold is not None:
                 try:  # the unsampled records at the front (fold.cpp)
-                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report)
+                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report, tap)
                 except Exception as exc:
                     # Not a record's failure (those go to report, counted, and the fold goes on): the rest
                     # of this turn goes through process(), so that no failure can repeat for ever.

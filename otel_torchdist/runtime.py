@@ -227,7 +227,7 @@ class Runtime:
         labels = {n.M_RUN: ident.run_id}
         if cfg.metrics_rank_label and not by_node:
             labels[n.M_RANK] = str(ident.rank)
-        providers = self.providers = _providers.choose(*self.given)
+        providers = self.providers = _providers.choose(*self.given, global_meter=cfg.global_meter_provider)
         span_sinks, metric_sinks = _sinks.build(
             cfg, folder, ident.rank, traces=providers.tracer_provider is None, metrics=providers.meter_provider is None
         )

@@ -146,7 +146,7 @@ def _untraced_step(mod, instrumented, calls: int) -> tuple[list[tuple], Pipeline
 
 
 def _fold(mod, pipeline: Pipeline, q: deque) -> int:
-    return mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed)
+    return mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed, None)
 
 
 def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fake_pg, instrumented):

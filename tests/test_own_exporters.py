@@ -139,3 +139,23 @@ class Metrics(MetricExporter):
     assert {"span": "all_reduce", "service": "torch-distributed"} in got
     assert {"metric": n.COLLECTIVE_CALLS.name} in got
     sys.modules.pop("jsonl_exporter", None)
+
+
+def test_no_span_of_the_library_comes_near_the_attribute_count_where_limits_are_applied(fake_pg, instrumented):
+    """The span limits pass runs only for a count limit under pipeline.SPAN_ATTRIBUTES_MAX: below any span's
+    attribute count, it must cut nothing a span carries (collectives with every optional attribute, a step)."""
+    from otel_torchdist.pipeline import SPAN_ATTRIBUTES_MAX
+
+    folder = instrumented()
+    with otel_torchdist.step(1):
+        dist.all_reduce(torch.ones(4), async_op=True).wait()
+        dist.broadcast(torch.ones(4), 0)
+        dist.reduce_scatter_tensor(torch.empty(4), torch.ones(16))
+        dist.batch_isend_irecv([dist.P2POp(dist.isend, torch.ones(2), 1), dist.P2POp(dist.irecv, torch.empty(2), 1)])
+        with dist._coalescing_manager():
+            dist.all_reduce(torch.ones(2))
+            dist.all_reduce(torch.ones(3))
+    otel_torchdist.uninstrument()
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    widest = max(len(s["attributes"]) for s in spans)
+    assert 15 < widest < SPAN_ATTRIBUTES_MAX // 2

@@ -280,3 +280,38 @@ def test_a_global_tracer_provider_is_found_without_options(monkeypatch, fake_pg,
     _steps(1)
     otel_torchdist.uninstrument()
     assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
+
+
+@pytest.mark.parametrize("native", ["auto", "off"])
+def test_every_duration_reaches_the_providers_histogram_from_untraced_steps_too(fake_pg, instrumented, native, native_built):
+    """Records of untraced steps are folded in C with the native part (Python without it): either way each
+    duration is recorded in the provider's histogram."""
+    tp, mp, spans, reader = _providers()
+    instrumented(tracer_provider=tp, meter_provider=mp, native=native, trace_first_steps=0, trace_every_steps=0)
+    from otel_torchdist import runtime
+
+    assert (runtime.current().pipeline._fold is not None) == (native == "auto")
+    _steps(5)
+    otel_torchdist.uninstrument()
+    assert [s.name for s in spans.get_finished_spans()] == []
+    points = _points(reader)
+    assert _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count == 5
+    assert _by_op(points[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 5
+
+
+def test_the_global_meter_provider_can_be_left_to_the_librarys_own_exporters(monkeypatch, fake_pg, instrumented):
+    """global_meter_provider=False: spans through the global TracerProvider, metrics to the run folder (the
+    cheap path); a meter_provider= given to instrument() is used all the same."""
+    from opentelemetry import metrics
+
+    import os
+
+    tp, mp, spans, reader = _providers()
+    monkeypatch.setattr(trace, "get_tracer_provider", lambda: tp)
+    monkeypatch.setattr(metrics, "get_meter_provider", lambda: mp)
+    folder = instrumented(global_meter_provider=False, metrics_exporter=("file",))
+    _steps(1)
+    otel_torchdist.uninstrument()
+    assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
+    assert n.COLLECTIVE_CALLS.name not in _points(reader)
+    assert os.path.exists(os.path.join(folder, "metrics.rank0.jsonl"))

@@ -120,6 +120,13 @@ class MeterBridge:
         context = None if exemplar is None else parent_context(exemplar[1], exemplar[2], True, False)
         self._collective.record(seconds, attributes, context)
 
+    def collective_value(self, op: str, group: str, seconds: float) -> None:
+        """One folded collective's duration (the native fold's tap: an unsampled record, no exemplar)."""
+        attributes = self._attributes.get((op, group))
+        if attributes is None:
+            attributes = self._attributes[(op, group)] = {**self.base_labels, n.M_OP: op, n.M_GROUP: group}
+        self._collective.record(seconds, attributes)
+
     def tap(self, metric: n.Metric, labels: dict[str, str]) -> Callable[[float], None]:
         """A function recording values of histogram ``metric`` at ``labels`` (for metrics.Histogram.tap)."""
         instrument = self.instruments.histograms[metric.name]

@@ -44,8 +44,9 @@ def _placeholder(provider: Any) -> bool:
     return isinstance(provider, trace_api.ProxyTracerProvider) or type(provider).__module__.startswith("opentelemetry.metrics")
 
 
-def choose(tracer_provider: Any = None, meter_provider: Any = None) -> Providers:
-    """The providers to use now (call it once the process knows it will export: at its first process group)."""
+def choose(tracer_provider: Any = None, meter_provider: Any = None, global_meter: bool = True) -> Providers:
+    """The providers to use now (call it once the process knows it will export: at its first process group).
+    ``global_meter``: look for the application's global MeterProvider too (``global_meter_provider``)."""
     tracer_origin = meter_origin = "given"
     if tracer_provider is None:
         tracer_provider, tracer_origin = trace_api.get_tracer_provider(), "global"
@@ -53,7 +54,7 @@ def choose(tracer_provider: Any = None, meter_provider: Any = None) -> Providers
             tracer_provider, tracer_origin = None, "own"
     if meter_provider is None:
         meter_provider, meter_origin = metrics_api.get_meter_provider(), "global"
-        if _placeholder(meter_provider):
+        if not global_meter or _placeholder(meter_provider):
             meter_provider, meter_origin = None, "own"
     return Providers(tracer_provider, meter_provider, _origin(tracer_provider, tracer_origin), _origin(meter_provider, meter_origin))
 

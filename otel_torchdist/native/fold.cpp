@@ -12,8 +12,9 @@
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
 // MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled,
-// open_step, report) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats) and
-// report(exc) told of a record whose fold failed once taken (it is counted, and the fold goes on).
+// open_step, report, tap) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats),
+// report(exc) told of a record whose fold failed once taken (it is counted, and the fold goes on), and tap,
+// None or tap(op, group label, seconds) for every record folded (Pipeline.meter.collective_value).
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -424,13 +425,21 @@ int update_step(PyObject* rec, Read& r) {
   return 0;
 }
 
-// Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set.
-int fold_one(StoreObject* store, PyObject* rec, Read& r) {
+// Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set. `tap`, when not
+// None, gets (op, group label, seconds) of every record folded (Pipeline.meter: a MeterProvider's histogram).
+int fold_one(StoreObject* store, PyObject* rec, Read& r, PyObject* tap) {
   if (r.stats.p != nullptr && update_step(rec, r) < 0) return -1;
   PyObject* error = PyTuple_GET_ITEM(rec, kError);
   if (observe(store, PyTuple_GET_ITEM(rec, kOp), r.label.p, r.seconds, r.nbytes, static_cast<double>(r.nbytes) * r.factor,
               error != Py_None, nullptr) < 0)
     return -1;
+  if (tap != Py_None) {
+    Ref seconds(PyFloat_FromDouble(r.seconds));
+    if (seconds.p == nullptr) return -1;
+    PyObject* targs[] = {PyTuple_GET_ITEM(rec, kOp), r.label.p, seconds.p};
+    Ref tapped(PyObject_Vectorcall(tap, targs, 3, nullptr));
+    if (tapped.p == nullptr) return -1;
+  }
   PyObject* seq = PyTuple_GET_ITEM(rec, kSeq);
   if (seq == Py_None || error != Py_None) return 0;
   // A collective that failed did not complete: counting it would tell the hang report it completed later.
@@ -444,10 +453,10 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r) {
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 6 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4]) ||
-      !PyCallable_Check(args[5])) {
+  if (nargs != 7 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4]) ||
+      !PyCallable_Check(args[5]) || (args[6] != Py_None && !PyCallable_Check(args[6]))) {
     PyErr_SetString(PyExc_TypeError,
-                    "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step, report)");
+                    "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step, report, tap)");
     return nullptr;
   }
   if (!G.ready) {
@@ -455,7 +464,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   StoreObject* store = reinterpret_cast<StoreObject*>(args[0]);
-  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4], *report = args[5];
+  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4], *report = args[5], *tap = args[6];
   int roots_unsampled = PyObject_IsTrue(args[3]);
   if (roots_unsampled < 0) return nullptr;
   Ref popleft(PyObject_GetAttr(queue, G.s_popleft));
@@ -481,7 +490,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     ++done;
-    if (fold_one(store, rec.p, r) < 0) {  // reported as Pipeline._process_all reports process()'s failures
+    if (fold_one(store, rec.p, r, tap) < 0) {  // reported as Pipeline._process_all reports process()'s failures
       if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
       Raised raised;
       Ref reported(PyObject_CallOneArg(report, raised.value));
@@ -529,7 +538,7 @@ PyObject* setup(PyObject*, PyObject* config) {
 PyMethodDef kMethods[] = {
     {"fold_setup", &setup, METH_O, "fold_setup(dict): the objects fold() reads (Pipeline.use_native)."},
     {"fold", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fold)), METH_FASTCALL,
-     "fold(store, step_stats, queue, roots_unsampled, open_step, report): folds the unsampled records at the queue's front; how many."},
+     "fold(store, step_stats, queue, roots_unsampled, open_step, report, tap): folds the unsampled records at the queue's front; how many."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
