@@ -114,18 +114,18 @@ class MeterBridge:
     def collective(self, op: str, group: str, seconds: float, exemplar: tuple | None) -> None:
         """One collective's duration (on the drain thread, as the store takes it). ``exemplar``: (end time,
         trace id, span id) of its span when it has one, so the provider's exemplar filter can link to it."""
-        attributes = self._attributes.get((op, group))
-        if attributes is None:
-            attributes = self._attributes[(op, group)] = {**self.base_labels, n.M_OP: op, n.M_GROUP: group}
         context = None if exemplar is None else parent_context(exemplar[1], exemplar[2], True, False)
-        self._collective.record(seconds, attributes, context)
+        self._collective.record(seconds, self._labels(op, group), context)
 
     def collective_value(self, op: str, group: str, seconds: float) -> None:
         """One folded collective's duration (the native fold's tap: an unsampled record, no exemplar)."""
+        self._collective.record(seconds, self._labels(op, group))
+
+    def _labels(self, op: str, group: str) -> dict[str, str]:
         attributes = self._attributes.get((op, group))
         if attributes is None:
             attributes = self._attributes[(op, group)] = {**self.base_labels, n.M_OP: op, n.M_GROUP: group}
-        self._collective.record(seconds, attributes)
+        return attributes
 
     def tap(self, metric: n.Metric, labels: dict[str, str]) -> Callable[[float], None]:
         """A function recording values of histogram ``metric`` at ``labels`` (for metrics.Histogram.tap)."""

@@ -136,9 +136,7 @@ def with_installed_exporters(cfg: Any, providers: Providers, resource: dict[str,
 
 def shutdown(provider: Any, timeout: float = 5.0) -> None:
     """Shut down a provider the library made, waiting ``timeout`` seconds at most (its exporter may be stuck)."""
-    thread = threading.Thread(target=provider.shutdown, name="otel-torchdist-provider-shutdown", daemon=True)
-    thread.start()
-    thread.join(timeout)
+    _bounded(provider.shutdown, timeout)
 
 
 def force_flush(provider: Any, timeout: float) -> bool:
@@ -148,15 +146,21 @@ def force_flush(provider: Any, timeout: float) -> bool:
     flush = getattr(provider, "force_flush", None)
     if not callable(flush) or timeout <= 0:
         return not callable(flush)
-    result: list[bool] = []
+    return bool(_bounded(lambda: flush(max(1, int(timeout * 1000))), timeout))
+
+
+def _bounded(fn: Any, timeout: float) -> Any:
+    """``fn()``'s result, or None when it failed or has not returned within ``timeout`` seconds (it goes on, on
+    a daemon thread that the process's exit does not wait for)."""
+    result: list[Any] = []
 
     def run() -> None:
         try:
-            result.append(bool(flush(max(1, int(timeout * 1000)))))
+            result.append(fn())
         except Exception:
-            result.append(False)
+            result.append(None)
 
-    thread = threading.Thread(target=run, name="otel-torchdist-provider-flush", daemon=True)
+    thread = threading.Thread(target=run, name="otel-torchdist-provider-call", daemon=True)
     thread.start()
-    thread.join(timeout)
-    return bool(result and result[0])
+    thread.join(max(timeout, 0.0))
+    return result[0] if result else None
