@@ -142,7 +142,8 @@ def _worker(spec: dict) -> dict:
 
     import otel_torchdist
     from otel_torchdist import names as n
-    from otel_torchdist import otlp, runtime
+    from otel_torchdist import runtime
+    from otel_torchdist.export import otlp
     from otel_torchdist.export.sinks import GZIP_LEVEL  # what goes on the wire
 
     torch.manual_seed(0)

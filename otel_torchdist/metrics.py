@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from . import names as n
-from .otlp import HistogramPoint, MetricData, NumberPoint
+from .telemetry import HistogramPoint, MetricData, NumberPoint
 
 BOUNDS = n.DURATION_BUCKETS
 _bisect_left = bisect.bisect_left

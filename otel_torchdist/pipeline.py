@@ -18,6 +18,7 @@ import logging
 import threading
 import time
 from collections import deque
+from collections.abc import Callable, Mapping
 from time import perf_counter_ns, time_ns
 from typing import Any
 
@@ -28,9 +29,8 @@ from .capture import ddp_native, groups, record
 from .capture.caller import span_context
 from .capture import record as R
 from .config import Config
-from .export.sinks import Sink
 from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
-from .otlp import SPAN_ENCODERS, MetricData, SpanData
+from .telemetry import MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, limited, new_trace_id
 from .steps import Intervals, StepStats
@@ -94,8 +94,11 @@ class Pipeline:
         self.pending: deque[SpanData] = deque()
         self.encoded: dict[str, deque] = {}
         self._queues: list[deque] = []  # encoded's values, for queued_spans (per span: no generator)
-        self.span_sinks: list[Sink] = []
-        self.metric_sinks: list[Sink] = []
+        # The export package's sinks (export/sinks.py: span_format, export_span_fragments, export_metrics, flush,
+        # shutdown) and the encoder of each span format they take: the drain knows no wire format.
+        self.span_sinks: list[Any] = []
+        self.metric_sinks: list[Any] = []
+        self.encoders: Mapping[str, Callable[[SpanData], Any]] = {}
         self.resource: dict[str, Any] | None = None
         self.base_labels: dict[str, str] = {}
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
@@ -139,9 +142,17 @@ class Pipeline:
         self._exporter = self._threads[-1]
 
     def set_destination(
-        self, resource: dict[str, Any], base_labels: dict[str, str], span_sinks: list[Sink], metric_sinks: list[Sink]
+        self,
+        resource: dict[str, Any],
+        base_labels: dict[str, str],
+        span_sinks: list[Any],
+        metric_sinks: list[Any],
+        encoders: Mapping[str, Callable[[SpanData], Any]],
     ) -> None:
+        """Where telemetry goes from now on; ``encoders``: span format -> encoder (export.otlp.SPAN_ENCODERS,
+        which the native part may update in place)."""
         with self._drain_lock:
+            self.encoders = encoders
             self.resource = resource
             self.base_labels = base_labels
             self.span_sinks = span_sinks
@@ -166,7 +177,7 @@ class Pipeline:
             self.pending.append(span)
             return
         for fmt, queue in self.encoded.items():
-            queue.append(SPAN_ENCODERS[fmt](span))
+            queue.append(self.encoders[fmt](span))
 
     def _enqueue_limited(self, span: SpanData) -> None:
         """_enqueue, the span limits applied first for the library's own encoders (a provider applies its own)."""
@@ -177,7 +188,7 @@ class Pipeline:
         for fmt, queue in self.encoded.items():
             if fmt != "data" and cut is None:
                 cut = limited(span, self.cfg.attribute_value_length_limit, self.cfg.attribute_count_limit)
-            queue.append(SPAN_ENCODERS[fmt](span if fmt == "data" else cut))
+            queue.append(self.encoders[fmt](span if fmt == "data" else cut))
 
     def _clear_spans(self) -> int:
         count = self.queued_spans()

@@ -23,12 +23,13 @@ import threading
 import time
 from typing import Any
 
-from . import health, logs, otlp, signals, steps, stragglers, watchdog
+from . import health, logs, signals, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
 from .config import Config
 from .export import node as _node
+from .export import otlp
 from .export import providers as _providers
 from .export.otel_metrics import MeterBridge
 from .export.otel_spans import ProviderSampler, TracerSink
@@ -252,7 +253,7 @@ class Runtime:
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)
         self._write_json(f"resource.rank{ident.rank}.json", resource)
-        self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks)
+        self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks, otlp.SPAN_ENCODERS)
         if self.meter is not None:
             self.pipeline.bridge_metrics(self.meter)
         for comp in self.components:

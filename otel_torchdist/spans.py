@@ -8,8 +8,7 @@ from typing import Any
 from . import bandwidth as bw
 from . import names as n
 from .capture import record as R
-from .otlp import SpanData
-from .wire import Block
+from .telemetry import Block, SpanData
 
 _rand = random.Random()
 

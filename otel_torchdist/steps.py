@@ -34,7 +34,7 @@ from typing import Any
 from . import health
 from . import names as n
 from .capture import record as R
-from .otlp import SpanData
+from .telemetry import SpanData
 from .patching import Patch
 
 _log = logging.getLogger("otel_torchdist")

@@ -18,7 +18,8 @@ from types import SimpleNamespace
 import pytest
 
 from otel_torchdist import names as n
-from otel_torchdist import otlp
+from otel_torchdist import telemetry
+from otel_torchdist.export import otlp
 from otel_torchdist.cli import main
 
 from .harness import REPO, finish_ranks, start_ranks
@@ -210,11 +211,11 @@ def write_run(folder, *, world: int, step_s: float, busbw_gbps: float, steps: in
             t0 = base + step * 10**9
             trace, root = step, 1000 + step
             spans.append(
-                otlp.SpanData(n.SPAN_RANK_STEP, trace, 2000 + step * 100 + rank, root, t0, t0 + int(dur * 1e9),
+                telemetry.SpanData(n.SPAN_RANK_STEP, trace, 2000 + step * 100 + rank, root, t0, t0 + int(dur * 1e9),
                               [(n.STEP, step), (n.STEP_DURATION, dur), (n.STEP_COMPUTE, dur - t), (n.STEP_COLLECTIVE_WAIT, t)])
             )
             spans.append(
-                otlp.SpanData("all_reduce", trace, 5000 + step * 100 + rank, 2000 + step * 100 + rank, t0,
+                telemetry.SpanData("all_reduce", trace, 5000 + step * 100 + rank, 2000 + step * 100 + rank, t0,
                               t0 + int(t * 1e9),
                               [(n.COLL_OP, "all_reduce"), (n.COLL_KIND, "all_reduce"), (n.COLL_GROUP_NAME, "0"),
                                (n.COLL_GROUP_DESC, "default_pg"), (n.COLL_GROUP_SIZE, world), (n.COLL_SEQ, step),
@@ -228,16 +229,16 @@ def write_run(folder, *, world: int, step_s: float, busbw_gbps: float, steps: in
         buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
         buckets[-1] = steps
         metrics = [
-            otlp.MetricData(n.COLLECTIVE_CALLS, [otlp.NumberPoint(op, steps)]),
-            otlp.MetricData(n.COLLECTIVE_BYTES, [otlp.NumberPoint(op, steps * size)]),
-            otlp.MetricData(n.COLLECTIVE_BUS_BYTES, [otlp.NumberPoint(op, int(steps * size * factor))]),
-            otlp.MetricData(n.COLLECTIVE_DURATION, [otlp.HistogramPoint(op, steps, steps * t, buckets, n.DURATION_BUCKETS)]),
-            otlp.MetricData(n.STEPS_METRIC, [otlp.NumberPoint(labels, steps)]),
-            otlp.MetricData(n.STEP_DURATION_METRIC, [otlp.HistogramPoint(labels, steps, total, buckets, n.DURATION_BUCKETS)]),
-            otlp.MetricData(n.STEP_COMPUTE_TIME, [otlp.NumberPoint(labels, total - steps * t)]),
-            otlp.MetricData(n.STEP_COLLECTIVE_WAIT_TIME, [otlp.NumberPoint(labels, steps * t)]),
-            otlp.MetricData(n.GROUP_SEQ_STARTED, [otlp.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
-            otlp.MetricData(n.GROUP_SEQ_COMPLETED, [otlp.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
+            telemetry.MetricData(n.COLLECTIVE_CALLS, [telemetry.NumberPoint(op, steps)]),
+            telemetry.MetricData(n.COLLECTIVE_BYTES, [telemetry.NumberPoint(op, steps * size)]),
+            telemetry.MetricData(n.COLLECTIVE_BUS_BYTES, [telemetry.NumberPoint(op, int(steps * size * factor))]),
+            telemetry.MetricData(n.COLLECTIVE_DURATION, [telemetry.HistogramPoint(op, steps, steps * t, buckets, n.DURATION_BUCKETS)]),
+            telemetry.MetricData(n.STEPS_METRIC, [telemetry.NumberPoint(labels, steps)]),
+            telemetry.MetricData(n.STEP_DURATION_METRIC, [telemetry.HistogramPoint(labels, steps, total, buckets, n.DURATION_BUCKETS)]),
+            telemetry.MetricData(n.STEP_COMPUTE_TIME, [telemetry.NumberPoint(labels, total - steps * t)]),
+            telemetry.MetricData(n.STEP_COLLECTIVE_WAIT_TIME, [telemetry.NumberPoint(labels, steps * t)]),
+            telemetry.MetricData(n.GROUP_SEQ_STARTED, [telemetry.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
+            telemetry.MetricData(n.GROUP_SEQ_COMPLETED, [telemetry.NumberPoint({**labels, n.M_GROUP: "default_pg"}, steps)]),
         ]
         with open(os.path.join(folder, f"metrics.rank{rank}.jsonl"), "w") as f:
             f.write(otlp.metrics_to_json(resource, metrics, base, base + 100 * 10**9) + "\n")

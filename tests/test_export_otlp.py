@@ -307,7 +307,7 @@ def _sdk_span_export(endpoint: str, spans: list, resource: dict, **options) -> b
 
 def _spans_to_send() -> list:
     from otel_torchdist import names as n
-    from otel_torchdist.otlp import SpanData
+    from otel_torchdist.telemetry import SpanData
 
     return [
         SpanData("all_reduce", 0xA1, 0xB1, 0xC1, 1_000, 5_000, [(n.COLL_OP, "all_reduce"), (n.COLL_MESSAGE_SIZE, 4096), (n.COLL_BUSBW, 1.5)],

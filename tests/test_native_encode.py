@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 import otel_torchdist
-from otel_torchdist import native, otlp, spans
+from otel_torchdist import native, spans, telemetry
+from otel_torchdist.export import otlp
 from otel_torchdist.capture import groups
 from otel_torchdist.capture import record as R
 
@@ -53,18 +54,18 @@ _Pair = namedtuple("_Pair", "a b")
 
 ODD = [
     # values the native encoders hand to Python, keys and names it has not seen, ids at their limits
-    otlp.SpanData("odd", 1, 2, None, 0, 1, [("nan", math.nan), ("inf", -math.inf), ("big", 2**70), ("min", -(2**63)),
+    telemetry.SpanData("odd", 1, 2, None, 0, 1, [("nan", math.nan), ("inf", -math.inf), ("big", 2**70), ("min", -(2**63)),
                   ("max", 2**63 - 1), ("sub", _F(0.5)), ("none", None), ("t", (1, "a", 2.5)), ("b", True), (7, 1.5),
                   ("ключ", 2.0), ("quote\"key", 3)]),  # fmt: skip
-    otlp.SpanData("spán \"name\"", (1 << 128) - 1, (1 << 64) - 1, (1 << 64) - 1, 2**62, 2**63 - 1, [("d", 1e-5)]),
-    otlp.SpanData("zero_parent", 5, 6, 0, 1, 2, [], shared=((), SHARED)),
-    otlp.SpanData("unsampled_remote", 5, 6, 7, 1, 2, [("x", 0.0)], sampled=False, remote_parent=True),
-    otlp.SpanData("linked", 5, 6, 7, 1, 2, [("x", 1)], links=((8, 9, ()), ((1 << 128) - 1, 10, (("k", "v"),)))),
-    *(otlp.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", _Pair(x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
+    telemetry.SpanData("spán \"name\"", (1 << 128) - 1, (1 << 64) - 1, (1 << 64) - 1, 2**62, 2**63 - 1, [("d", 1e-5)]),
+    telemetry.SpanData("zero_parent", 5, 6, 0, 1, 2, [], shared=((), SHARED)),
+    telemetry.SpanData("unsampled_remote", 5, 6, 7, 1, 2, [("x", 0.0)], sampled=False, remote_parent=True),
+    telemetry.SpanData("linked", 5, 6, 7, 1, 2, [("x", 1)], links=((8, 9, ()), ((1 << 128) - 1, 10, (("k", "v"),)))),
+    *(telemetry.SpanData("equal", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", _Pair(x, 2))], shared=((("a", x),),)) for x in (1, 1.0, True, 1)),
 ]
 
 
-def _collective_spans() -> list[otlp.SpanData]:
+def _collective_spans() -> list[telemetry.SpanData]:
     """The spans a run's collectives make: records from real calls on the fake backend."""
     from otel_torchdist import runtime
 
@@ -87,7 +88,7 @@ def _collective_spans() -> list[otlp.SpanData]:
     return out
 
 
-def _same(mod, span: otlp.SpanData) -> None:
+def _same(mod, span: telemetry.SpanData) -> None:
     for python, ours in ((otlp.span_json, mod.span_json), (otlp.span_pb, mod.span_pb)):
         try:
             expected = python(span)
@@ -109,10 +110,10 @@ def test_spans_are_encoded_byte_for_byte_as_python_encodes_them(mod, fake_pg, in
 
 def test_spans_the_python_encoders_refuse_are_refused_alike(mod):
     for span in (
-        otlp.SpanData("neg_start", 1, 2, None, -5, 1, []),  # JSON writes it; protobuf's fixed64 cannot
-        otlp.SpanData("neg_span", 1, -2, None, 1, 2, []),
-        otlp.SpanData("huge_trace", 1 << 130, 2, None, 1, 2, []),
-        otlp.SpanData("bad_pairs", 1, 2, None, 1, 2, [("a", 1, 2)]),
+        telemetry.SpanData("neg_start", 1, 2, None, -5, 1, []),  # JSON writes it; protobuf's fixed64 cannot
+        telemetry.SpanData("neg_span", 1, -2, None, 1, 2, []),
+        telemetry.SpanData("huge_trace", 1 << 130, 2, None, 1, 2, []),
+        telemetry.SpanData("bad_pairs", 1, 2, None, 1, 2, [("a", 1, 2)]),
     ):
         _same(mod, span)
 

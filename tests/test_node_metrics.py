@@ -15,7 +15,7 @@ import pytest
 from otel_torchdist import config
 from otel_torchdist import names as n
 from otel_torchdist.export import node
-from otel_torchdist.otlp import HistogramPoint, MetricData, NumberPoint
+from otel_torchdist.telemetry import HistogramPoint, MetricData, NumberPoint
 
 from .harness import finish_ranks, last_metrics, metric_value, start_ranks
 from .peers import Prometheus, prometheus_binary

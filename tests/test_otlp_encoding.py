@@ -10,7 +10,8 @@ from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2
 from opentelemetry.proto.collector.trace.v1 import trace_service_pb2
 
 from otel_torchdist import names as n
-from otel_torchdist import otlp
+from otel_torchdist import telemetry
+from otel_torchdist.export import otlp
 
 RESOURCE = {"service.name": "t", "torchdist.rank": 3, "torchdist.world_size": 8}
 
@@ -31,17 +32,17 @@ def _hex_ids_to_base64(node):
 
 SHARED = (("torchdist.group.size", 8), ("torchdist.group.ranks", (0, 1, 2)))
 SPANS = [
-    otlp.SpanData(
+    telemetry.SpanData(
         "all_reduce", 0xABC, 0x12, None, 10, 20,
         [("a", 1), ("neg", -3), ("b", 1.5), ("c", True), ("c2", False), ("d", "x \"q\" é"), ("e", [1, 2])],
         shared=(SHARED, (("op", "all_reduce"),)),
     ),
-    otlp.SpanData(
+    telemetry.SpanData(
         "broadcast", (1 << 127) + 5, (1 << 63) + 7, 5, 30, 45, [("s", ["[2, 3]"])], error="RuntimeError: boom",
         events=[("exception", 44, [("exception.type", "RuntimeError"), ("exception.message", "boom")])],
     ),
-    otlp.SpanData("barrier", 3, 4, None, 50, 60, [], shared=(SHARED,), sampled=False),
-    otlp.SpanData("train.rank_step", 3, 6, 5, 50, 60, [], remote_parent=True),
+    telemetry.SpanData("barrier", 3, 4, None, 50, 60, [], shared=(SHARED,), sampled=False),
+    telemetry.SpanData("train.rank_step", 3, 6, 5, 50, 60, [], remote_parent=True),
 ]  # fmt: skip
 
 
@@ -109,12 +110,12 @@ def test_span_json_is_the_otlp_json_mapping_of_the_same_request():
 
 def test_metric_json_and_protobuf_agree():
     metrics = [
-        otlp.MetricData(
+        telemetry.MetricData(
             n.COLLECTIVE_DURATION,
-            [otlp.HistogramPoint({"op": "all_reduce"}, 3, 0.5, [1, 2, 0], (0.1, 1.0), 0.05, 0.3, [(0.3, 99, 0xAB, 0xCD)])],
+            [telemetry.HistogramPoint({"op": "all_reduce"}, 3, 0.5, [1, 2, 0], (0.1, 1.0), 0.05, 0.3, [(0.3, 99, 0xAB, 0xCD)])],
         ),
-        otlp.MetricData(n.COLLECTIVE_CALLS, [otlp.NumberPoint({"op": "all_reduce"}, 3)]),
-        otlp.MetricData(n.Metric("g", "gauge", "1", "", ()), [otlp.NumberPoint({}, 0.25)]),
+        telemetry.MetricData(n.COLLECTIVE_CALLS, [telemetry.NumberPoint({"op": "all_reduce"}, 3)]),
+        telemetry.MetricData(n.Metric("g", "gauge", "1", "", ()), [telemetry.NumberPoint({}, 0.25)]),
     ]
     doc = json.loads(otlp.metrics_to_json(RESOURCE, metrics, 1, 2))
     parsed = json_format.ParseDict(_hex_ids_to_base64_exemplars(doc), metrics_service_pb2.ExportMetricsServiceRequest())
@@ -147,10 +148,10 @@ def test_metric_json_writes_nan_and_infinities_as_the_mapping_says():
     # a diverging run's loss gauge: a bare NaN made the whole export line (or request) invalid JSON
     nan, inf = float("nan"), float("inf")
     metrics = [
-        otlp.MetricData(n.Metric("loss", "gauge", "1", "", ()), [otlp.NumberPoint({"k": "nan"}, nan), otlp.NumberPoint({"k": "inf"}, -inf)]),
-        otlp.MetricData(
+        telemetry.MetricData(n.Metric("loss", "gauge", "1", "", ()), [telemetry.NumberPoint({"k": "nan"}, nan), telemetry.NumberPoint({"k": "inf"}, -inf)]),
+        telemetry.MetricData(
             n.COLLECTIVE_DURATION,
-            [otlp.HistogramPoint({"op": "all_reduce"}, 2, inf, [1, 1, 0], (0.1, 1.0), 0.05, inf, [(nan, 99, 0xAB, 0xCD)])],
+            [telemetry.HistogramPoint({"op": "all_reduce"}, 2, inf, [1, 1, 0], (0.1, 1.0), 0.05, inf, [(nan, 99, 0xAB, 0xCD)])],
         ),
     ]
     doc = _strict(otlp.metrics_to_json(RESOURCE, metrics, 1, 2))
@@ -164,7 +165,7 @@ def test_metric_json_writes_nan_and_infinities_as_the_mapping_says():
 
 
 def test_span_json_writes_nan_attributes_as_strings():
-    span = otlp.SpanData("s", 1, 2, None, 1, 2, [("loss", float("nan")), ("big", float("inf"))])
+    span = telemetry.SpanData("s", 1, 2, None, 1, 2, [("loss", float("nan")), ("big", float("inf"))])
     attrs = _strict(otlp.spans_to_json(RESOURCE, [span]))["resourceSpans"][0]["scopeSpans"][0]["spans"][0]["attributes"]
     assert [a["value"]["doubleValue"] for a in attrs] == ["NaN", "Infinity"]
 
@@ -176,7 +177,7 @@ def test_equal_values_of_other_types_keep_their_own_encoding():
 
     pair = namedtuple("pair", "a b")
     for x in (1, 1.0, True, 1, True):  # each after the others, so a shared cache entry would show
-        span = otlp.SpanData("s", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", pair(x, 2)), ("w", x)], shared=((("a", x),),))
+        span = telemetry.SpanData("s", 1, 2, None, 1, 2, [("v", (x, 2)), ("n", pair(x, 2)), ("w", x)], shared=((("a", x),),))
         expected = _reference(RESOURCE, [span])
         assert trace_service_pb2.ExportTraceServiceRequest.FromString(otlp.spans_to_proto(RESOURCE, [span])) == expected
         doc = json.loads(otlp.spans_to_json(RESOURCE, [span]))
@@ -186,7 +187,7 @@ def test_equal_values_of_other_types_keep_their_own_encoding():
 def test_a_request_built_in_one_join_is_the_nested_messages_bytes():
     """trace_request_pb computes the nested lengths first and joins once; trace_request_json_pieces joins to
     trace_request_json's text: the same bytes as building each message around the next."""
-    from otel_torchdist import wire
+    from otel_torchdist.export import wire
 
     for count in (0, 1, 3, 700):  # 700 spans: lengths of three-byte varints
         spans = (SPANS * 200)[:count]

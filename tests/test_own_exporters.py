@@ -33,7 +33,7 @@ def test_span_limits_cut_as_the_sdk_cuts(fake_pg, instrumented, monkeypatch):
     assert len(ours) == 6
     # The SDK, given the same attributes in the same order and the same limits, keeps the same.
     from otel_torchdist.spans import limited
-    from otel_torchdist.otlp import SpanData
+    from otel_torchdist.telemetry import SpanData
 
     assert all(len(v) <= 3 for v in ours.values() if isinstance(v, str))
     tracer = TracerProvider(span_limits=SpanLimits(), shutdown_on_exit=False).get_tracer("t")

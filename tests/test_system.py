@@ -210,7 +210,7 @@ def test_cpu_time_counter_starts_when_the_process_started():
     the CPU spent importing torch inside too short a window (more cores than the machine has)."""
     import json
 
-    from otel_torchdist import otlp
+    from otel_torchdist.export import otlp
     from otel_torchdist.system.process import ProcessSampler
 
     data = ProcessSampler("h").sample({n.M_RANK: "0"})

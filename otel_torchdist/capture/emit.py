@@ -13,7 +13,7 @@ from __future__ import annotations
 from typing import Any
 
 from .. import names as n
-from ..otlp import SpanData
+from ..telemetry import SpanData
 from ..spans import new_span_id, new_trace_id
 from . import record as R
 from .caller import get_current as _get_current

@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from ..otlp import HistogramPoint, MetricData, NumberPoint
+from ..telemetry import HistogramPoint, MetricData, NumberPoint
 from .sinks import Sink
 
 _log = logging.getLogger("otel_torchdist")

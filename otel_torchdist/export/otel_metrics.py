@@ -25,7 +25,7 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from .. import health
 from .. import names as n
 from .._version import __version__
-from ..otlp import MetricData
+from ..telemetry import MetricData
 from .otel_spans import parent_context
 
 SNAPSHOT_TTL_S = 0.5

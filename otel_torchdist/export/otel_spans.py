@@ -23,7 +23,7 @@ from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, S
 
 from .. import names as n
 from .._version import __version__
-from ..otlp import SpanData
+from ..telemetry import SpanData
 from .sinks import Sink
 
 _SAMPLED = TraceFlags(TraceFlags.SAMPLED)

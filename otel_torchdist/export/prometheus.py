@@ -24,7 +24,7 @@ from prometheus_client.samples import Exemplar
 
 from .. import health
 from .. import names as n
-from ..otlp import MetricData
+from ..telemetry import MetricData
 from .sinks import write_json_whole
 
 _log = logging.getLogger("otel_torchdist")

@@ -30,7 +30,7 @@ from opentelemetry.sdk.util.instrumentation import InstrumentationScope
 
 from .. import names as n
 from .._version import __version__
-from ..otlp import TEMPORALITY_DELTA, MetricData
+from ..telemetry import TEMPORALITY_DELTA, MetricData
 
 _SCOPE = InstrumentationScope(n.SCOPE_NAME, __version__)
 

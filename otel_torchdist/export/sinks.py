@@ -20,10 +20,10 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from .. import otlp
+from . import otlp
 from .._version import __version__
 from ..config import Config
-from ..otlp import MetricData, SpanData
+from ..telemetry import MetricData, SpanData
 from . import retry
 from .sdk_metrics import metrics_pb
 from .temporality import Delta

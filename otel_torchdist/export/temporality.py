@@ -7,7 +7,7 @@ as with the SDK's delta readers.
 
 from __future__ import annotations
 
-from ..otlp import TEMPORALITY_DELTA, HistogramPoint, MetricData, NumberPoint
+from ..telemetry import TEMPORALITY_DELTA, HistogramPoint, MetricData, NumberPoint
 
 
 class Delta:

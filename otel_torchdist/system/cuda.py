@@ -12,7 +12,7 @@ from typing import Any
 import torch
 
 from .. import names as n
-from ..otlp import MetricData, NumberPoint
+from ..telemetry import MetricData, NumberPoint
 from .series import Deltas, labels
 
 

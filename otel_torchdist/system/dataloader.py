@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from .. import names as n
-from ..otlp import MetricData
+from ..telemetry import MetricData
 from ..patching import Patch
 from ..metrics import Histogram
 from .series import labels

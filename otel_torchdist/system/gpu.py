@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from ..otlp import MetricData, NumberPoint
+from ..telemetry import MetricData, NumberPoint
 from .series import Deltas, labels
 
 # Label values of torchdist.gpu.throttled, with the NVML bit each one reads (names as in NVML's

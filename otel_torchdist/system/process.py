@@ -13,7 +13,7 @@ import psutil
 
 from .. import names as n
 from ..identity import process_start_time
-from ..otlp import MetricData, NumberPoint
+from ..telemetry import MetricData, NumberPoint
 from .series import Deltas, labels
 
 

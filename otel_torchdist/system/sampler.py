@@ -27,7 +27,7 @@ import torch.distributed as dist
 
 from .. import health
 from .. import names as n
-from ..otlp import MetricData, NumberPoint, SpanData
+from ..telemetry import MetricData, NumberPoint, SpanData
 from ..patching import Patcher
 from ..runtime import Component
 from ..spans import new_span_id, new_trace_id

@@ -3,7 +3,7 @@
 Spans do not go through the SDK's ``ReadableSpan`` and encoder (about 50 µs to start and end a span and 80 µs
 or more to encode it, against a traced collective's 12 µs in all): records become plain :class:`SpanData` off
 the hot path and are encoded straight into the OTLP messages. Protobuf metrics go through the SDK's own
-exporter and encoder (export/standard.py). The JSON form follows the OTLP/JSON mapping (hex trace and span
+exporter's encoder (export/sdk_metrics.py). The JSON form follows the OTLP/JSON mapping (hex trace and span
 ids, integer enums, 64-bit integers as strings), one ``Export*ServiceRequest`` per line, which is what Jaeger's
 UI accepts as an uploaded trace file and the run folder's metrics files hold.
 """
@@ -11,69 +11,17 @@ UI accepts as an uploaded trace file and the run folder's metrics files hold.
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
-from . import names as n
+from .. import names as n
+from .._version import __version__
+from ..telemetry import MetricData, SpanData
 from . import wire
-from ._version import __version__
 
 SPAN_KIND_INTERNAL = 1
 STATUS_UNSET = 0
 STATUS_OK = 1
 STATUS_ERROR = 2
-TEMPORALITY_DELTA = 1
-TEMPORALITY_CUMULATIVE = 2
-
-
-@dataclass(slots=True)
-class SpanData:
-    name: str
-    trace_id: int
-    span_id: int
-    parent_span_id: int | None
-    start_ns: int
-    end_ns: int
-    attributes: list[tuple[str, Any]]  # (key, value) pairs; None values are left out by the producer
-    shared: tuple[tuple[tuple[str, Any], ...], ...] = ()  # blocks of pairs that recur across spans (wire.py)
-    error: str | None = None  # status description when the span failed
-    events: list[tuple[str, int, list[tuple[str, Any]]]] = field(default_factory=list)
-    sampled: bool = True
-    remote_parent: bool = False  # the parent span is made by another process (a rank's step under rank 0's)
-    links: tuple = ()  # (trace id, span id, attribute pairs): a rank's step under the caller's span, to its step's root
-
-    def all_attributes(self) -> dict[str, Any]:
-        out: dict[str, Any] = {}
-        for block in self.shared:
-            out.update(block)
-        out.update(self.attributes)
-        return out
-
-
-@dataclass(slots=True)
-class HistogramPoint:
-    attributes: dict[str, Any]
-    count: int
-    sum: float
-    bucket_counts: list[int]  # per bucket, len(bounds) + 1
-    bounds: tuple[float, ...]
-    min: float | None = None
-    max: float | None = None
-    exemplars: list[tuple[float, int, int, int]] = field(default_factory=list)  # value, time_ns, trace, span
-
-
-@dataclass(slots=True)
-class NumberPoint:
-    attributes: dict[str, Any]
-    value: int | float
-
-
-@dataclass(slots=True)
-class MetricData:
-    metric: n.Metric
-    points: list[Any]  # HistogramPoint for histograms, NumberPoint otherwise
-    start_ns: int | None = None  # a cumulative counter's own start (CPU time counts from the process's start)
-    temporality: int = TEMPORALITY_CUMULATIVE  # export.temporality.Delta makes deltas for a backend that wants them
 
 
 # ------------------------------------------------------------------------------------------ protobuf

@@ -16,6 +16,8 @@ import json
 import struct
 from typing import Any
 
+from ..telemetry import Block
+
 _pack_fixed64 = struct.Struct("<Q").pack
 _pack_double = struct.Struct("<d").pack
 _pack_fixed32 = struct.Struct("<I").pack
@@ -55,20 +57,6 @@ def any_value_pb(v: Any) -> bytes:
         return length_delimited(5, inner)  # array_value = 5 { values = 1 }
     s = str(v).encode()
     return b"\x0a" + varint(len(s)) + s  # string_value = 1
-
-
-class Block(tuple):
-    """A tuple of attribute pairs that recurs across spans (a call site's), hashed by identity: the
-    encoders' caches find its encoding without hashing twenty pairs every time."""
-
-    __slots__ = ()
-    __hash__ = object.__hash__
-
-    def __eq__(self, other: object) -> bool:
-        return self is other
-
-    def __ne__(self, other: object) -> bool:
-        return self is not other
 
 
 _key_pb_cache: dict[str, bytes] = {}
