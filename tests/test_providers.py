@@ -315,3 +315,24 @@ def test_the_global_meter_provider_can_be_left_to_the_librarys_own_exporters(mon
     assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
     assert n.COLLECTIVE_CALLS.name not in _points(reader)
     assert os.path.exists(os.path.join(folder, "metrics.rank0.jsonl"))
+
+
+def test_a_span_processor_that_raises_costs_its_spans_counted_not_training(fake_pg, instrumented):
+    from opentelemetry.sdk.trace import SpanProcessor
+
+    from otel_torchdist import health
+
+    class Raising(SpanProcessor):
+        def on_end(self, span) -> None:
+            if span.name == "broadcast":
+                raise RuntimeError("the application's processor failed")
+
+    tp, _, spans, _ = _providers()
+    tp.add_span_processor(Raising())
+    health.reset()
+    instrumented(tracer_provider=tp)
+    _steps(2)
+    otel_torchdist.uninstrument()
+    names = [s.name for s in spans.get_finished_spans()]
+    assert names.count("all_reduce") == 2  # the others went through
+    assert health.drops()["span"] == 2 and health.errors()["export"] == 2

@@ -21,6 +21,7 @@ from opentelemetry import trace as trace_api
 from opentelemetry.context import Context
 from opentelemetry.trace import Link, NonRecordingSpan, SpanContext, SpanKind, Status, StatusCode, TraceFlags
 
+from .. import health
 from .. import names as n
 from .._version import __version__
 from ..telemetry import SpanData
@@ -124,8 +125,15 @@ class TracerSink(Sink):
         self.emitted = 0
 
     def export_span_fragments(self, resource: dict[str, Any], fragments: list, timeout: float | None = None) -> bool:
+        failed = 0
         for span in fragments:
-            self.emit(span)
+            try:
+                self.emit(span)
+            except Exception as exc:  # a processor or exporter of the application's that raised
+                failed += 1
+                health.error("export", f"the TracerProvider refused a span ({span.name})", exc)
+        if failed:
+            health.dropped("span", failed)
         return True
 
     def emit(self, s: SpanData) -> None:
