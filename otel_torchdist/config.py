@@ -681,26 +681,6 @@ def _parse_sampler(raw: str, var: str) -> str:
     return low
 
 
-def _parse_ratio(raw: str, var: str) -> float:
-    try:
-        value = float(raw)
-    except ValueError:
-        raise ValueError("not a number; the ratio is 1.0, as in the SDK") from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError("not within [0, 1]; the ratio is 1.0, as in the SDK")
-    return value
-
-
-def _parse_limit(raw: str, var: str) -> int:
-    try:
-        value = int(raw)
-    except ValueError:
-        raise ValueError("expected a whole number") from None
-    if value < 0:
-        raise ValueError("expected a number >= 0")
-    return value
-
-
 def _parse_bool(raw: str) -> bool:
     low = raw.lower()
     if low in ("true", "1", "yes", "on"):
@@ -829,7 +809,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_TRACES_EXPORTER", "traces_exporter", _parse_exporters(EXPORTER_GROUPS["traces_exporter"], TRACES_EXPORTERS)),
     ("OTEL_METRICS_EXPORTER", "metrics_exporter", _parse_exporters(EXPORTER_GROUPS["metrics_exporter"], METRICS_EXPORTERS)),
     ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_sampler),
-    ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _parse_ratio),
+    ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _std(_parse_float)),  # [0, 1]: validate(), as every bound
     ("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval", _std(_parse_ms)),
     ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _std(_parse_ms)),
     ("OTEL_BSP_MAX_QUEUE_SIZE", "span_queue_size", _std(_parse_int)),
@@ -838,10 +818,10 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_EXPORTER_PROMETHEUS_PORT", "prometheus_port", _std(_parse_int)),
     ("OTEL_SDK_DISABLED", "disabled", _parse_spec_bool),  # read first, by load() (_sdk_disabled)
     ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "metrics_temporality", _std(_parse_choice(TEMPORALITIES))),
-    ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _parse_limit),
-    ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _parse_limit),
-    ("OTEL_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _parse_limit),
-    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _parse_limit),
+    ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _std(_parse_int)),
+    ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _std(_parse_int)),
+    ("OTEL_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _std(_parse_int)),
+    ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _std(_parse_int)),
     (PREFIX + "PROMETHEUS", "prometheus", _parse_bool),
     (PREFIX + "GLOBAL_METER_PROVIDER", "global_meter_provider", _parse_bool),
     (PREFIX + "RUN_DIR", "run_dir", _parse_str),

@@ -243,10 +243,7 @@ def limited(span: SpanData, value_limit: int | None, count_limit: int) -> SpanDa
     """``span`` within the span limits the SDK applies (OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTEL_*ATTRIBUTE_COUNT_LIMIT): string values cut to ``value_limit`` characters, and of more than
     ``count_limit`` attributes the last ones kept, as the SDK's bounded attributes keep them."""
-    pairs: dict[str, Any] = {}
-    for block in span.shared:
-        pairs.update(block)
-    pairs.update(span.attributes)
+    pairs = span.all_attributes()
     items = [(k, v) for k, v in pairs.items() if v is not None][-count_limit:] if count_limit else []
     events = span.events
     if value_limit is not None:

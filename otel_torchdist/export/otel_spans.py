@@ -53,10 +53,11 @@ class ChosenIds:
         return self.own.is_trace_id_random()
 
 
-def parent_context(trace_id: int, span_id: int, sampled: bool, remote: bool) -> Context:
-    """A context whose current span is the (not necessarily existing yet) span ``trace_id``/``span_id``."""
+def parent_context(trace_id: int, span_id: int, sampled: bool, remote: bool, base: Context = _ROOT) -> Context:
+    """``base`` (an empty context by default) with the (not necessarily existing yet) span
+    ``trace_id``/``span_id`` as its current span."""
     ctx = SpanContext(trace_id, span_id, is_remote=remote, trace_flags=_SAMPLED if sampled else _UNSAMPLED)
-    return trace_api.set_span_in_context(NonRecordingSpan(ctx), _ROOT)
+    return trace_api.set_span_in_context(NonRecordingSpan(ctx), base)
 
 
 def current_span_ids() -> tuple[int, int, bool] | None:
@@ -68,8 +69,7 @@ def current_span_ids() -> tuple[int, int, bool] | None:
 def attach_span(trace_id: int, span_id: int, sampled: bool) -> object:
     """Make span ``trace_id``/``span_id`` the current span (the rank's step span, made when the step closes,
     around the caller's code of the step); returns the token for :func:`detach`."""
-    ctx = SpanContext(trace_id, span_id, is_remote=False, trace_flags=_SAMPLED if sampled else _UNSAMPLED)
-    return context_api.attach(trace_api.set_span_in_context(NonRecordingSpan(ctx)))
+    return context_api.attach(parent_context(trace_id, span_id, sampled, False, context_api.get_current()))
 
 
 def detach(token: object) -> None:
@@ -122,7 +122,6 @@ class TracerSink(Sink):
             if isinstance(own, ChosenIds):  # a previous instrument() of this process: the same cached tracer
                 own = own.own
             self.ids = self.tracer.id_generator = ChosenIds(own)
-        self.emitted = 0
 
     def export_span_fragments(self, resource: dict[str, Any], fragments: list, timeout: float | None = None) -> bool:
         failed = 0
@@ -138,9 +137,7 @@ class TracerSink(Sink):
 
     def emit(self, s: SpanData) -> None:
         attributes = dict(self.identity)
-        for block in s.shared:
-            attributes.update(block)
-        attributes.update(s.attributes)
+        attributes.update(s.all_attributes())
         if s.parent_span_id:
             ctx = parent_context(s.trace_id, s.parent_span_id, s.sampled, s.remote_parent)
         else:
@@ -162,7 +159,6 @@ class TracerSink(Sink):
         if s.error is not None:
             span.set_status(Status(StatusCode.ERROR, s.error))
         span.end(end_time=s.end_ns)
-        self.emitted += 1
 
     def flush(self, timeout: float) -> bool:
         """Ask the provider to export what it holds, waiting ``timeout`` seconds at most."""
