@@ -13,6 +13,8 @@ import os
 import sys
 import time
 
+from ._version import __version__
+
 RUN_HELP = (
     "A run folder (<run_dir>/<run id>, holding every rank's traces.rank<R>.jsonl and metrics.rank<R>.jsonl), "
     "or an OTLP/JSON trace file such as one downloaded from Jaeger."
@@ -61,6 +63,7 @@ def build_parser() -> argparse.ArgumentParser:
             "compare, plot or export any run folder that otel_torchdist.instrument() wrote."
         ),
     )
+    parser.add_argument("--version", action="version", version=f"otel-torchdist {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
 
     demo = sub.add_parser(

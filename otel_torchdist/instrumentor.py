@@ -2,8 +2,8 @@
 
 Registered in the ``opentelemetry_instrumentor`` entry-point group, so ``opentelemetry-instrument`` finds
 it; ``otel_torchdist.instrument()`` is the same thing as a function. Idempotent: a second ``instrument()``
-warns and changes nothing; ``uninstrument()`` restores every patched attribute to the identical original
-object and flushes telemetry.
+changes nothing and warns, naming each option it ignored; ``uninstrument()`` restores every patched
+attribute to the identical original object and flushes telemetry.
 """
 
 from __future__ import annotations
@@ -27,6 +27,13 @@ from .package import _instruments
 class TorchDistributedInstrumentor(BaseInstrumentor):
     def instrumentation_dependencies(self) -> Collection[str]:
         return _instruments
+
+    def instrument(self, **kwargs: Any) -> Any:
+        running = _runtime.current()
+        if self._is_instrumented_by_opentelemetry and running is not None:
+            _warn_ignored(running, kwargs)
+            return None
+        return super().instrument(**kwargs)
 
     def _instrument(self, **kwargs: Any) -> None:
         if torch_launcher():
@@ -53,6 +60,29 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         rt = _runtime.remove()
         if rt is not None:
             rt.close(restore=True)
+
+
+def _warn_ignored(running: _runtime.Runtime, options: dict[str, Any]) -> None:
+    """BaseInstrumentor's own warning names no option: a user who passed service_name= a second time
+    needs to know it is not in force, and what is."""
+    log = logging.getLogger("otel_torchdist")
+    changed = []
+    for name, value in sorted(options.items()):
+        if name in ("tracer_provider", "meter_provider"):
+            now = running.given[0 if name == "tracer_provider" else 1]
+            if value is not None and value is not now:
+                changed.append(f"{name} (a different provider)")
+        elif value is not None and name in _config.OPTION_NAMES and getattr(running.cfg, name) != value:
+            changed.append(f"{name}={value!r} (in force: {getattr(running.cfg, name)!r})")
+        elif name not in _config.OPTION_NAMES:
+            changed.append(f"{name} (not an option)")
+    if changed:
+        log.warning(
+            "otel-torchdist: already instrumented; ignored %s. Call otel_torchdist.uninstrument() first to change options",
+            ", ".join(changed),
+        )
+    else:
+        log.warning("otel-torchdist: already instrumented; instrument() again changes nothing")
 
 
 _LAUNCHERS = ("torch.distributed.run", "torch.distributed.launch")

@@ -6,9 +6,10 @@ comes from ``OTEL_TORCHDIST_LOG_LEVEL`` (default WARNING), read when ``instrumen
 logging configuration neither loses these lines nor prints them twice; attach handlers to it to route
 them elsewhere.
 
-The same prefix is available to training code: ``get_logger("train")`` returns a logger that writes
-through it, and ``rank_zero_info`` / ``rank_zero_warning`` / ``rank_zero_only`` keep a message (or a
-function) to global rank 0.
+Training code gets the rank too, under its own name: ``get_logger("train")`` is Python's ``train`` logger
+with a stderr handler writing ``[rank=0] WARNING train: ...`` (it does not propagate; its level is yours to
+set, Python's default WARNING otherwise), and ``rank_zero_info`` / ``rank_zero_warning`` (logger
+``train``) / ``rank_zero_only`` keep a message (or a function) to global rank 0.
 """
 
 from __future__ import annotations
@@ -44,9 +45,13 @@ def set_rank(rank: int) -> None:
 
 
 class _RankFilter(logging.Filter):
+    def __init__(self, library: bool = True) -> None:
+        super().__init__()
+        self.library = library
+
     def filter(self, record: logging.LogRecord) -> bool:
         record.torchdist_rank = current_rank()
-        if isinstance(record.msg, str) and record.msg.startswith(_OLD_PREFIX):
+        if self.library and isinstance(record.msg, str) and record.msg.startswith(_OLD_PREFIX):
             record.msg = record.msg[len(_OLD_PREFIX) :]  # the handler's prefix says it already
         return True
 
@@ -71,10 +76,20 @@ def configure(level: str = "WARNING") -> logging.Logger:
     return logger
 
 
+_user_handlers: dict[str, logging.Handler] = {}
+
+
 def get_logger(name: str) -> logging.Logger:
-    """A logger whose lines carry the rank prefix (a child of ``otel_torchdist``)."""
-    configure(logging.getLevelName(logging.getLogger(ROOT).getEffectiveLevel()))
-    return logging.getLogger(f"{ROOT}.{name}")
+    """Python's logger ``name``, its lines prefixed with the rank and named by ``name``, not by this library."""
+    logger = logging.getLogger(name)
+    if name not in _user_handlers and not name.startswith(ROOT):
+        handler = logging.StreamHandler(sys.stderr)
+        handler.setFormatter(logging.Formatter("[rank=%(torchdist_rank)s] %(levelname)s %(name)s: %(message)s"))
+        handler.addFilter(_RankFilter(library=False))
+        logger.addHandler(handler)
+        logger.propagate = False  # a configured root would print each line a second time, without the rank
+        _user_handlers[name] = handler
+    return logger
 
 
 def rank_zero_only(fn: Callable) -> Callable:
@@ -91,9 +106,9 @@ def rank_zero_only(fn: Callable) -> Callable:
 
 def rank_zero_info(message: str, *args: Any) -> None:
     if current_rank() == 0:
-        get_logger("user").info(message, *args)
+        get_logger("train").info(message, *args)
 
 
 def rank_zero_warning(message: str, *args: Any) -> None:
     if current_rank() == 0:
-        get_logger("user").warning(message, *args)
+        get_logger("train").warning(message, *args)

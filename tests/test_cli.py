@@ -389,6 +389,15 @@ def test_help_is_full_sentences(capsys):
     assert "--noise-level" in out and "CommDebugMode" in out and "--json" in out
 
 
+def test_version_is_the_installed_distributions(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"otel-torchdist {version('otel-torchdist')}"
+
+
 @pytest.mark.parametrize(
     "argv, message",
     [

@@ -14,7 +14,7 @@ from otel_torchdist import TorchDistributedInstrumentor
 from otel_torchdist.capture import c10d
 from otel_torchdist.patching import _MISSING, _own_attribute
 
-from .harness import collective_spans, read_spans
+from .harness import collective_spans, library_log, read_spans
 
 
 def _snapshot():
@@ -61,12 +61,19 @@ def test_a_name_bound_while_instrumented_records_nothing_after(fake_pg, instrume
     assert torch.equal(x, torch.ones(4))  # the fake backend leaves the data as it is
 
 
-def test_instrument_twice_is_harmless(fake_pg, instrumented, caplog):
+def test_instrument_twice_is_harmless_and_names_what_it_ignored(fake_pg, instrumented):
     folder = instrumented()
     first = _snapshot()
-    with caplog.at_level(logging.WARNING):
-        otel_torchdist.instrument(run_dir="elsewhere")
-    assert "already instrumented" in caplog.text
+    with library_log() as said:
+        otel_torchdist.instrument(run_dir="elsewhere", run_id="unit", service_name="other")
+        otel_torchdist.instrument()
+    said = [m.removeprefix("otel-torchdist: ") for m in said]
+    assert said[0] == (
+        "already instrumented; ignored run_dir='elsewhere' (in force: %r), "
+        "service_name='other' (in force: 'torch-distributed'). Call otel_torchdist.uninstrument() first to "
+        "change options" % os.path.dirname(folder)
+    )  # run_id is the one in force: not named
+    assert said[1] == "already instrumented; instrument() again changes nothing"
     assert _snapshot() == first
     dist.all_reduce(torch.ones(2))
     otel_torchdist.uninstrument()
