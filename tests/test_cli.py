@@ -292,6 +292,27 @@ def test_plot_writes_non_empty_pngs(runs, tmp_path, capsys):
     assert code == 0 and "timeline.png (step 2)" in out
 
 
+def test_plot_timeline_draws_what_its_caption_says_and_busbw_joins_neighbours_only(runs):
+    from otel_torchdist.analysis import plot
+    from otel_torchdist.analysis.report import SizeRow
+    from otel_torchdist.analysis import analyze_path
+
+    report = analyze_path(runs.demo, noise_level=1)
+    row = plot.pick_step(report, None)
+    fig = plot.timeline_figure(plot._step_records(runs.demo, row.trace_id), row)
+    ax = fig.axes[0]
+    assert "phases above, collectives below" in ax.get_xlabel() and ax.yaxis_inverted()
+    centre = lambda label: {round(b.get_y() + b.get_height() / 2 - round(b.get_y() + b.get_height() / 2), 2)  # noqa: E731
+                            for c in ax.containers if c.get_label().strip() == label for b in c}
+    assert centre("forward") == {-0.2} and centre("all_reduce") == {0.2}  # above = smaller y, inverted axis
+
+    def rows(*floors):
+        return [SizeRow(op="all_reduce", kind="", group_size=2, size_floor=f, count=1, mean_message_size=f, total_s=1.0,
+                        algbw_gbps=1.0, busbw_gbps=1.0) for f in floors]
+    runs_of = plot.adjacent_runs(rows(4, 8, 16, 1 << 20, 1 << 22, 1 << 23))
+    assert [[r.size_floor for r in run] for run in runs_of] == [[4, 8, 16], [1 << 20], [1 << 22, 1 << 23]]
+
+
 def test_perfetto_export_has_one_track_per_rank(runs, tmp_path, capsys):
     out_path = tmp_path / "trace.json"
     code, out, err = run_cli(capsys, "export", runs.demo, "--perfetto", str(out_path))
@@ -309,6 +330,16 @@ def test_perfetto_export_has_one_track_per_rank(runs, tmp_path, capsys):
     assert begins == ends and begins  # async slices (DDP buckets, sharding) close
     assert all(e["dur"] >= 0 for e in events if e["ph"] == "X")
     assert "one track per rank" in out
+    timed = [e for e in events if "ts" in e]
+    assert all(type(e["ts"]) is int for e in timed) and all(type(e["dur"]) is int for e in timed if "dur" in e)
+    assert min(e["ts"] for e in timed) >= 0 and doc["otherData"]["run_start_unix_ns"] > 1.6e18
+    for pid in (0, 1):  # the training thread's slices nest or follow one another: none overlaps the next
+        stack: list[int] = []
+        for e in sorted((e for e in events if e["ph"] == "X" and e["pid"] == pid), key=lambda e: (e["ts"], -e["dur"])):
+            while stack and stack[-1] <= e["ts"]:
+                stack.pop()
+            assert not stack or e["ts"] + e["dur"] <= stack[-1], e
+            stack.append(e["ts"] + e["dur"])
 
 
 # ------------------------------------------------------------------------------------ bad input

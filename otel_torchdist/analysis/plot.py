@@ -104,6 +104,12 @@ def _step_records(path: str, trace_id: str) -> list:
 
 
 def _timeline(records: list, row: StepRow, out: str) -> str:
+    fig = timeline_figure(records, row)
+    fig.savefig(out)
+    return out
+
+
+def timeline_figure(records: list, row: StepRow):
     steps = [r for r in records if isinstance(r, RankStep)]
     ranks = sorted({r.rank for r in records})
     t0 = min((r.start_ns for r in records if hasattr(r, "start_ns")), default=row.start_ns)
@@ -125,12 +131,13 @@ def _timeline(records: list, row: StepRow, out: str) -> str:
     for s in steps:
         bar(s.rank, s.start_ns, s.end_ns, 0.84, "#f0f0f0", "step", edgecolor="#999999", linewidth=0.6)
     for r in records:
+        # The y axis is inverted (rank 0 on top): a smaller y is drawn higher.
         if isinstance(r, Phase):
-            bar(r.rank + 0.2, r.start_ns, r.end_ns, 0.36, _PHASE_COLORS.get(r.phase, "#cccccc"), r.phase)
+            bar(r.rank - 0.2, r.start_ns, r.end_ns, 0.36, _PHASE_COLORS.get(r.phase, "#cccccc"), r.phase)
         elif isinstance(r, Span) and r.name == n.SPAN_OPTIMIZER_STEP:
-            bar(r.rank + 0.2, r.start_ns, r.end_ns, 0.36, "#74c476", "optimizer.step")
+            bar(r.rank - 0.2, r.start_ns, r.end_ns, 0.36, "#74c476", "optimizer.step")
         elif isinstance(r, Collective):
-            bar(r.rank - 0.2, r.start_ns, r.end_ns, 0.36, colors[r.op], r.op, alpha=0.85)
+            bar(r.rank + 0.2, r.start_ns, r.end_ns, 0.36, colors[r.op], r.op, alpha=0.85)
     ax.set_yticks(ranks)
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
@@ -138,8 +145,7 @@ def _timeline(records: list, row: StepRow, out: str) -> str:
     ax.set_title(f"Step {row.step}: {row.duration_s * 1e3:.1f} ms, {row.ranks} ranks")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
-    fig.savefig(out)
-    return out
+    return fig
 
 
 def _busbw(report: Report, out: str) -> str:
@@ -151,18 +157,34 @@ def _busbw(report: Report, out: str) -> str:
             by_op.setdefault(s.op, []).append(s)
     for i, (op, rows) in enumerate(sorted(by_op.items())):
         rows.sort(key=lambda r: r.size_floor)
-        ax.plot([r.mean_message_size for r in rows], [r.busbw_gbps for r in rows], marker="o",
-                color=_OP_COLORS[i % len(_OP_COLORS)], label=_label(op))
+        color = _OP_COLORS[i % len(_OP_COLORS)]
+        for k, run in enumerate(adjacent_runs(rows)):
+            # A line only joins neighbouring power-of-two buckets: across empty octaves it would draw a trend
+            # that was never measured. Lone sizes are points.
+            ax.plot([r.mean_message_size for r in run], [r.busbw_gbps for r in run], marker="o", color=color,
+                    linestyle="-" if len(run) > 1 else "none", label=_label(op) if k == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes, nccl-tests' definition)")
     ax.set_ylabel("bus bandwidth (GB/s)")
-    ax.set_title("busbw by message size (bytes-weighted per power-of-two bucket, traced calls)")
+    ax.set_title("busbw by message size (bytes-weighted per power-of-two bucket, traced calls;\n"
+                 "lines join neighbouring buckets only)", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(out)
     return out
+
+
+def adjacent_runs(rows: list) -> list[list]:
+    """``rows`` (sorted by ``size_floor``, powers of two) split where a bucket is not twice the previous one."""
+    runs: list[list] = []
+    for r in rows:
+        if runs and r.size_floor == 2 * runs[-1][-1].size_floor:
+            runs[-1].append(r)
+        else:
+            runs.append([r])
+    return runs
 
 
 def _heatmap(report: Report, out: str) -> str:
@@ -179,22 +201,25 @@ def _heatmap(report: Report, out: str) -> str:
             if c.wait_s is not None and c.duration_s > 0:
                 wait[index[c.rank], j] = c.wait_s / c.duration_s * 100
     fig = _figure(min(16, max(6, 0.25 * len(rows) + 3)), 2.5 + 0.6 * len(ranks) * 2)
-    # The first step holds set-up and would flatten every other step's color: clip the scale above the rest.
-    rest = step_ms[:, 1:] if len(rows) > 2 else step_ms
-    vmax = float(np.nanmax(rest)) if np.isfinite(rest).any() else None
-    clipped = vmax is not None and float(np.nanmax(step_ms)) > vmax * 1.5
-    step_title = "step time (ms)" + (
-        f", color scale clipped at {vmax:.1f} ms (step {rows[0].step}, with set-up: {np.nanmax(step_ms[:, 0]):.0f} ms)"
-        if clipped else ""
-    )
-    for k, (data, title, cmap, top) in enumerate(
+    # The color scale spans the steady-state steps alone (the first step holds set-up, often 50x a step,
+    # and from 0: a 60 +- 5 ms run would be one flat color). Cells outside the scale are clipped, and said so.
+    steady = step_ms[:, 1:] if len(rows) > 1 else step_ms
+    finite = steady[np.isfinite(steady)]
+    low, high = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+    if low is not None and high - low < 1e-3:
+        low, high = low * 0.9, high * 1.1 + 1e-3
+    outside = [] if low is None else [rows[j].step for j in range(len(rows)) if np.nanmax(step_ms[:, j]) > high * 1.0001]
+    step_title = "step time (ms)" if low is None else f"step time (ms), color scale {low:.1f}..{high:.1f} ms"
+    if outside:
+        step_title += f"; clipped above it: step {fmt_ranks(outside)} (first: with set-up)" if outside[0] == rows[0].step and len(rows) > 1 else f"; clipped above it: step {fmt_ranks(outside)}"
+    for k, (data, title, cmap, bottom, top) in enumerate(
         (
-            (step_ms, step_title, "viridis", vmax if clipped else None),
-            (wait, "time waiting in collectives (% of the step)", "magma", 100.0),
+            (step_ms, step_title, "viridis", low, high),
+            (wait, "time waiting in collectives (% of the step)", "magma", 0.0, 100.0),
         )
     ):
         ax = fig.add_subplot(2, 1, k + 1)
-        im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest", vmin=0, vmax=top)
+        im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest", vmin=bottom, vmax=top)
         ax.set_title(title, fontsize=10)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=8)
