@@ -279,6 +279,17 @@ def test_hang_report_names_the_rank_that_never_arrived():
     assert "rank 0 never arrived at all_reduce sequence number 8" in table.verdict
 
 
+def test_hang_state_comes_from_the_last_export_that_has_it():
+    # Rank 1's final export came after its groups were gone: no sequence gauges in it. The one before holds
+    # the state (39 started), not the spans' lower bound (16).
+    late = MetricSnapshot(rank=1, time_ns=9, metrics={n.GPU_UTILIZATION.name: []})
+    records = resources(2) + [_seq_snapshot(0, 39, 39), _seq_snapshot(1, 39, 38), late, coll(1, seq=16, n_ranks=2)]
+    table = builders.hang_report(records)
+    (g,) = table.groups
+    assert [(r.ranks, r.started, r.completed) for r in g.ranks] == [([0], 39, 39), ([1], 39, 38)]
+    assert table.source.startswith("last exported group metrics of ranks 0-1")
+
+
 def test_a_slow_collective_that_completed_later_is_not_a_hang():
     # Rank 0's first collective passed the threshold (connection set-up) and then completed; ranks 1-2 are stuck.
     records = resources(3) + [_seq_snapshot(0, 2, 2), _seq_snapshot(1, 3, 2), _seq_snapshot(2, 3, 2)]

@@ -141,6 +141,9 @@ class Analyzer:
         self.members: dict[tuple[int, str], tuple[int, ...]] = {}
         # metrics
         self.last_snapshot: dict[int, MetricSnapshot] = {}
+        # The last snapshot holding the group sequence gauges: a rank's final export may lack them (its
+        # groups destroyed before it), and hangs are judged from the last state that was recorded.
+        self.last_seq_snapshot: dict[int, MetricSnapshot] = {}
         self.gpu: dict[tuple[int, str], GpuSeries] = {}
         # warnings
         self.warnings: list[WarningRecord] = []
@@ -313,6 +316,10 @@ class Analyzer:
         last = self.last_snapshot.get(m.rank)
         if last is None or m.time_ns >= last.time_ns:
             self.last_snapshot[m.rank] = m
+        if n.GROUP_SEQ_STARTED.name in m.metrics:
+            last = self.last_seq_snapshot.get(m.rank)
+            if last is None or m.time_ns >= last.time_ns:
+                self.last_seq_snapshot[m.rank] = m
         for p in m.metrics.get(n.GPU_UTILIZATION.name, ()):
             gpu = str(p.attributes.get(n.M_GPU, "?"))
             series = self.gpu.get((m.rank, gpu))
@@ -949,7 +956,7 @@ class Analyzer:
         completed: dict[str, dict[int, int]] = {}
         age: dict[str, dict[int, float]] = {}
         from_metrics: set[int] = set()
-        for rank, snap in self.last_snapshot.items():
+        for rank, snap in self.last_seq_snapshot.items():
             for p in snap.metrics.get(n.GROUP_SEQ_STARTED.name, ()):
                 started.setdefault(str(p.attributes.get(n.M_GROUP)), {})[rank] = int(p.value)  # type: ignore[arg-type]
                 from_metrics.add(rank)
