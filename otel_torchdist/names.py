@@ -323,6 +323,8 @@ STEP_SPAN_NAMES = (SPAN_STEP, SPAN_RANK_STEP, SPAN_PHASE, SPAN_HANG, SPAN_WARNIN
 
 STEP = "torchdist.step"  # the step index
 STEP_SOURCE = "torchdist.step.source"  # optimizer | explicit
+STEP_OCCURRENCE = "torchdist.step.occurrence"  # times this step number began before on the rank (when > 0)
+STEP_SETUP = "torchdist.step.setup"  # true on the rank's first step, which holds its set-up
 STEP_DURATION = "torchdist.step.duration_s"
 STEP_COMPUTE = "torchdist.step.compute_s"  # step time not spent blocked in collectives
 STEP_COLLECTIVE_WAIT = "torchdist.step.collective_wait_s"  # time blocked in collectives (calls, wait())
@@ -343,6 +345,8 @@ WARNING_KINDS = ("low_gpu_utilization", "slow_step", "memory_near_limit", "ddp_c
 STEP_SPAN_ATTRIBUTES = (
     STEP,
     STEP_SOURCE,
+    STEP_OCCURRENCE,
+    STEP_SETUP,
     STEP_DURATION,
     STEP_COMPUTE,
     STEP_COLLECTIVE_WAIT,

@@ -64,6 +64,47 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
 
 _prefixes: dict[str, Any] = {}
 
+
+class Occurrences:
+    """How many times each step number was begun before on this rank, in memory that grows with the
+    numbering's jumps, not with the steps: level k holds, as merged intervals, the numbers begun k + 1
+    times. A loop counting up extends one interval; an epoch that restarts at 0 opens a level."""
+
+    __slots__ = ("levels",)
+
+    def __init__(self) -> None:
+        self.levels: list[list[list[int]]] = []
+
+    def add(self, index: int) -> int:
+        """Count one more beginning of step ``index``; returns how many there were before it."""
+        for k, intervals in enumerate(self.levels):
+            last = intervals[-1]
+            if index == last[1] + 1:  # counting up: the common case, one comparison
+                last[1] = index
+                return k
+            i = bisect.bisect_right(intervals, [index, float("inf")]) - 1
+            if i >= 0 and intervals[i][0] <= index <= intervals[i][1]:
+                continue  # begun at this level already: look one level up
+            self._insert(intervals, i, index)
+            return k
+        self.levels.append([[index, index]])
+        return len(self.levels) - 1
+
+    @staticmethod
+    def _insert(intervals: list[list[int]], i: int, index: int) -> None:
+        """Put ``index`` (not in ``intervals``; ``i`` the interval before it, or -1) in, merging neighbours."""
+        before = intervals[i] if i >= 0 and intervals[i][1] == index - 1 else None
+        after = intervals[i + 1] if i + 1 < len(intervals) and intervals[i + 1][0] == index + 1 else None
+        if before is not None and after is not None:
+            before[1] = after[1]
+            del intervals[i + 1]
+        elif before is not None:
+            before[1] = index
+        elif after is not None:
+            after[0] = index
+        else:
+            intervals.insert(i + 1, [index, index])
+
 _TAKEOVER = "takeover"  # what _closes returns (true) when another optimizer takes the lead
 TAKEOVER_STEPS = 2  # in a row without the lead: a new phase (the lead replaced), or a WGAN critic (steps follow it)
 
@@ -195,16 +236,18 @@ class StepTracker:
         self.rank = 0
         self.world = 1
         self.explicit = False
-        self.index = 0
+        self.index = 0  # the step's number, as the program gave it (or counted from 1)
+        self.serial = 0  # steps begun on this rank: the key of a step inside the library (numbers may repeat)
+        self.occurrences = Occurrences()
         self.open = False
         self.t_start = 0
         self.source = "optimizer"
         self.user: dict[str, float] | None = None  # made by the first record() of a step
         self.total: int | None = None
         self.backward: list[tuple[int, int]] = []  # a traced step's backward passes (phase spans)
-        # The contexts of the coming steps, made by the drain thread ahead (index -> R.STEP's tuple): two
-        # SHA-256 and the sampling decision per step off the training thread. Replaced, not cleared, when
-        # the run id changes (see prepare_ids).
+        # The ids of the coming steps, made by the drain thread ahead (index -> (trace id, rank span id,
+        # sampled, root span id) of its first occurrence): two SHA-256 and the sampling decision per step off
+        # the training thread. Replaced, not cleared, when the run id changes (see prepare_ids).
         self._ids: dict[int, tuple] = {}
         self.deep: Any = None
         self.pipeline: Any = None
@@ -241,14 +284,15 @@ class StepTracker:
             if self.open:
                 self.end(final=True, error=(etype, message))
 
-    def sampled(self, index: int, trace_id: int) -> bool:
+    def sampled(self, index: int, trace_id: int, occurrence: int = 0) -> bool:
         if self.pipeline is not None and not self.pipeline.traced:
             return False
         sampler = self.pipeline.sampler if self.pipeline is not None else None
         if self.cfg.traces_sampler is not None and sampler is not None and not sampler.narrows:
             return sampler.root(trace_id)  # the library's own exporters: OTEL_TRACES_SAMPLER picks the steps
         every = self.cfg.trace_every_steps
-        picked = index <= self.cfg.trace_first_steps or (every > 0 and index % every == 0)
+        # The first steps once (numbering that restarts every epoch does not trace every epoch's start).
+        picked = (index <= self.cfg.trace_first_steps and not occurrence) or (every > 0 and index % every == 0)
         # Through a provider, its sampler may drop a step the library picked (ProviderSampler).
         return picked and (sampler is None or not sampler.narrows or sampler.root(trace_id))
 
@@ -280,10 +324,10 @@ class StepTracker:
                 # and links to the caller's span instead.
                 trace, span, sampled = parent
                 if took_over:
-                    ctx = ctx[:5] + ((trace, span), ctx[6])
+                    ctx = ctx[:5] + ((trace, span),) + ctx[6:]
                 else:
-                    ctx = (ctx[0], trace, ctx[2], ctx[3] and sampled, ctx[4], (trace, span), ctx[6])
-                R.STEP[0] = R.RECENT_STEPS[index & 255] = ctx
+                    ctx = (ctx[0], trace, ctx[2], ctx[3] and sampled, ctx[4], (trace, span)) + ctx[6:]
+                R.STEP[0] = R.RECENT_STEPS[ctx[0] & 255] = ctx
             return index
 
     def _begin(self, index: int, source: str, t_start: int) -> int:
@@ -299,19 +343,24 @@ class StepTracker:
             R.STEP[0] = None  # identity not known yet: no shared trace possible
             R.SLOTS[0] = 0
             return index
-        ctx = self._ids.pop(index, None)
-        if ctx is None:
-            ctx = self._context(index)
-        R.STEP[0] = R.RECENT_STEPS[index & 255] = ctx
-        R.SLOTS[0] = index + 1  # 0 is "no step" (the native capture reads it)
+        self.serial = serial = self.serial + 1
+        occurrence = self.occurrences.add(index)
+        ids = self._ids.pop(index, None) if not occurrence else None
+        if ids is None:
+            ids = self._ids_of(index, occurrence)
+        trace = ids[0]
+        R.STEP[0] = R.RECENT_STEPS[serial & 255] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
+        R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
 
-    def _context(self, index: int) -> tuple:
-        """Step ``index``'s context (R.STEP): (index, trace id, this rank's span id, sampled, root span id, the
-        caller's span (trace id, span id) the step was begun in or None, the shared trace id of the step's
-        root: the step is in the caller's trace when its trace id is not the shared one)."""
-        trace, root, rank_span = step_ids(self.trace_key, index, self.rank)
-        return (index, trace, rank_span, self.sampled(index, trace), root, None, trace)
+    def _ids_of(self, index: int, occurrence: int) -> tuple[int, int, bool, int]:
+        """(trace id, this rank's span id, sampled, root span id) of the ``occurrence``-th repeat of step
+        number ``index``: every rank that numbers its steps alike derives the same, and no two steps of a
+        run share them, however the program numbers its steps (0- or 1-based, restarting every epoch,
+        evaluation steps between training steps, explicit steps after the set-up one)."""
+        key = self.trace_key if not occurrence else f"{self.trace_key}#{occurrence}"
+        trace, root, rank_span = step_ids(key, index, self.rank)
+        return (trace, rank_span, self.sampled(index, trace, occurrence), root)
 
     def end(
         self,
@@ -412,7 +461,7 @@ class StepTracker:
             table.pop(stale, None)
         for i in range(index + 1, index + IDS_AHEAD + 1):
             if i not in table:
-                table[i] = self._context(i)
+                table[i] = self._ids_of(i, 0)
 
     def record(self, **values: float | None) -> None:
         with self._lock:
@@ -442,10 +491,10 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
     tracker.prepare_ids()
-    index, sampled = ctx[0], ctx[3]
-    stats = pipeline.step_stats.pop(index, None) or StepStats()
-    if index > pipeline.last_closed_step:
-        pipeline.last_closed_step = index
+    serial, sampled, index = ctx[0], ctx[3], ctx[7]
+    stats = pipeline.step_stats.pop(serial, None) or StepStats()
+    if serial > pipeline.last_closed_step:
+        pipeline.last_closed_step = serial
     if stats.opened > pipeline.closed_opened:
         pipeline.closed_opened = stats.opened
     intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
@@ -487,7 +536,7 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     if tracker.total is not None:
         fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * recent.median())
     if tracker.exchange is not None:
-        tracker.exchange.add_step(index, duration, compute, wait)
+        tracker.exchange.add_step(serial, duration, compute, wait)
     factor = tracker.cfg.slow_step_factor
     slow = factor and not warmup and median is not None and duration > factor * median and len(recent) >= 6
     if slow or sampled:
@@ -500,9 +549,11 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
 
 def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:
     """A closed step, for its spans and its slow-step warning (only those steps pay for the dict)."""
-    index, trace, rank_span, sampled, root, parent, shared = ctx
+    serial, trace, rank_span, sampled, root, parent, shared, index, occurrence = ctx
     return {
         "index": index,
+        "serial": serial,
+        "occurrence": occurrence,
         "trace": trace,
         "rank_span": rank_span,
         "sampled": sampled,
@@ -549,6 +600,10 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         (n.STEP_COLLECTIVES, count),
         (n.STEP_BYTES, nbytes),
     ]
+    if info["occurrence"]:
+        attrs.append((n.STEP_OCCURRENCE, info["occurrence"]))
+    if info["serial"] == 1:
+        attrs.append((n.STEP_SETUP, True))
     for key, attr in (
         ("loss", n.STEP_LOSS),
         ("learning_rate", n.STEP_LR),
@@ -579,7 +634,8 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
                 None,
                 t0 + off,
                 t1 + off,
-                [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)],
+                [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)]
+                + ([(n.STEP_OCCURRENCE, info["occurrence"])] if info["occurrence"] else []),
             )
         )
     from .spans import new_span_id

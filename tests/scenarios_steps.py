@@ -210,3 +210,19 @@ def ddp_hang(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return result
+
+
+def numbering(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Every way a program numbers its steps, one after another, every step traced: set-up (implicit step 1),
+    explicit 0-based steps, an epoch numbered again from 0, evaluation steps between, then 1-based steps."""
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, "numbering", trace_first_steps=100, trace_every_steps=1, straggler_exchange_steps=0)
+    dist.all_reduce(torch.ones(4))  # before the loop: the set-up step
+    plan = [("train", range(0, 3)), ("eval", range(0, 2)), ("train", range(0, 3)), ("train", range(1, 4))]
+    for _kind, numbers in plan:
+        for i in numbers:
+            with otel_torchdist.step(i):
+                dist.all_reduce(torch.ones(8))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"steps": sum(len(r) for _, r in plan)}

@@ -517,3 +517,39 @@ def test_steps_numbered_again_from_one_keep_their_totals(fake_pg, instrumented):
     them (forgetting goes by the order steps were opened, not by their numbers)."""
     steps = _short_steps(instrumented, 2, 150)
     assert len(steps) == 300 and {s["attributes"][n.STEP_COLLECTIVES] for s in steps} == {2}
+
+
+def test_occurrences_count_repeats_in_intervals():
+    from otel_torchdist.steps import Occurrences
+
+    occ = Occurrences()
+    assert [occ.add(i) for i in range(1, 6)] == [0] * 5  # counting up: one interval
+    assert [occ.add(i) for i in (0, 1, 2)] == [0, 1, 1]  # 0 joins level 0; 1 and 2 repeat
+    assert [occ.add(i) for i in (0, 1, 2, 3, 9, 7, 8)] == [1, 2, 2, 1, 0, 0, 0]
+    assert occ.levels == [[[0, 5], [7, 9]], [[0, 3]], [[1, 2]]]
+
+
+def test_no_two_steps_share_ids_however_they_are_numbered(tmp_path_factory):
+    from otel_torchdist.analysis import analyze_path
+
+    out = str(tmp_path_factory.mktemp("numbering"))
+    results = run_ranks("scenarios_steps:numbering", 2, out, {})
+    folder = os.path.join(out, "runs", "numbering")
+    spans = [s for r in range(2) for s in read_spans(os.path.join(folder, f"traces.rank{r}.jsonl"))]
+    ids = [(s["traceId"], s["spanId"]) for s in spans]
+    assert len(ids) == len(set(ids))  # no span id twice in a trace
+    rank_steps = [s for s in spans if s["name"] == n.SPAN_RANK_STEP]
+    per_trace = defaultdict(list)
+    for s in rank_steps:
+        per_trace[s["traceId"]].append(s)
+    steps = results[0]["steps"] + 1  # and the set-up step
+    assert len(per_trace) == steps and all(len(v) == 2 for v in per_trace.values())  # one trace per step, both ranks
+    roots = {s["traceId"] for s in spans if s["name"] == n.SPAN_STEP}
+    assert roots == set(per_trace)
+    setup = [s for s in rank_steps if s["attributes"].get(n.STEP_SETUP)]
+    assert len(setup) == 2 and {s["attributes"][n.STEP] for s in setup} == {1}
+    repeats = sorted(s["attributes"].get(n.STEP_OCCURRENCE, 0) for s in rank_steps if s["attributes"][n.STEP] == 1)
+    assert repeats == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]  # set-up, epoch 1, eval, epoch 2, the 1-based run
+    report = analyze_path(folder, noise_level=1)
+    assert len(report.steps.rows) == steps
+    assert "first" in report.steps.step_time_from  # the set-up step is told apart

@@ -130,7 +130,8 @@ class Analyzer:
         self.skew_sum = 0.0
         self.skew_max = 0.0
         # steps
-        self.rank_steps: dict[int, dict[int, RankStep]] = {}
+        # (step number, occurrence) -> rank -> its part: numbers may repeat (epochs, evaluation steps)
+        self.rank_steps: dict[tuple[int, int], dict[int, RankStep]] = {}
         self.step_coll: dict[str, list[float]] = {}  # trace id -> [count, async s, all s]
         self.phases = 0
         # hangs
@@ -263,7 +264,7 @@ class Analyzer:
         self.n_spans += 1
         self.span_ranks.add(s.rank)
         self.trace_steps[s.trace_id] = s.step
-        self.rank_steps.setdefault(s.step, {})[s.rank] = s
+        self.rank_steps.setdefault((s.step, s.occurrence), {})[s.rank] = s
 
     def _phase(self, p: Phase) -> None:
         self.n_spans += 1
@@ -399,7 +400,7 @@ class Analyzer:
             metric_ranks=metric_ranks,
             spans=self.n_spans,
             collective_spans=self.n_coll,
-            traced_steps=sorted(self.rank_steps),
+            traced_steps=sorted({step for step, _ in self.rank_steps}),
             metric_snapshots=self.n_snapshots,
             files=files,
             lines=lines,
@@ -626,12 +627,20 @@ class Analyzer:
         )
 
     # ---- steps and stragglers
-    def _first_step(self) -> int | None:
-        """The run's first step, left out of means because it holds set-up (when other steps exist)."""
+    def _first_step(self) -> tuple[int, int] | None:
+        """The run's set-up step, left out of means (when other steps exist): the one its spans mark, else
+        (runs of earlier versions) the lowest-numbered when it is step 0 or 1."""
         if len(self.rank_steps) < 2:
             return None
+        for key, ranks in self.rank_steps.items():
+            if any(s.setup for s in ranks.values()):
+                return key
         first = min(self.rank_steps)
-        return first if first <= 1 else None
+        return first if first[0] <= 1 else None
+
+    def _ordered_steps(self) -> list[tuple[int, int]]:
+        """The traced steps in the order they ran (numbers may repeat or go back)."""
+        return sorted(self.rank_steps, key=lambda k: (min(s.start_ns for s in self.rank_steps[k].values()), k))
 
     def _dropped_notes(self) -> list[str]:
         """What the ranks dropped (their last metrics say), and which tables it thins."""
@@ -838,8 +847,9 @@ class Analyzer:
     def _steps(self) -> StepsTable:
         first = self._first_step()
         rows = []
-        for step in sorted(self.rank_steps):
-            ranks = self.rank_steps[step]
+        for key in self._ordered_steps():
+            step, occurrence = key
+            ranks = self.rank_steps[key]
             comp = [s.compute_s for s in ranks.values() if s.compute_s is not None]
             wait = [s.wait_s for s in ranks.values() if s.wait_s is not None]
             dur = [s.duration_s for s in ranks.values()]
@@ -857,6 +867,8 @@ class Analyzer:
             rows.append(
                 StepRow(
                     step=step,
+                    occurrence=occurrence,
+                    setup=key == first,
                     ranks=len(ranks),
                     duration_s=max(dur),
                     mean_compute_s=mean_c,
@@ -878,7 +890,7 @@ class Analyzer:
                 )
             )
         totals = self._totals()
-        usable = [r for r in rows if r.step != first]
+        usable = [r for r in rows if not r.setup]
         step_compute = step_wait = None
         if len(usable) >= 3:
             step_time = statistics.median(r.duration_s for r in usable)

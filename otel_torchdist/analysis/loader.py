@@ -205,6 +205,8 @@ def span_record(
                 start_ns=start_ns,
                 end_ns=end_ns,
                 duration_s=float(a.get(n.STEP_DURATION, (end_ns - start_ns) / 1e9)),
+                occurrence=int(a.get(n.STEP_OCCURRENCE, 0)),
+                setup=a.get(n.STEP_SETUP) is True,
                 compute_s=a.get(n.STEP_COMPUTE),
                 wait_s=a.get(n.STEP_COLLECTIVE_WAIT),
                 collectives=a.get(n.STEP_COLLECTIVES),

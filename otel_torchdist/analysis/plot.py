@@ -56,11 +56,11 @@ def pick_step(report: Report, step: int | None) -> StepRow | None:
         for r in rows:
             if r.step == step:
                 return r
-        traced = fmt_ranks([r.step for r in rows]) or "none"
+        traced = fmt_ranks(sorted({r.step for r in rows})) or "none"
         raise StepNotTraced(f"--step {step} was not traced in this run (traced steps: {traced})")
     if not rows:
         return None
-    usable = rows[1:] if len(rows) > 2 else rows  # the first step holds set-up
+    usable = [r for r in rows if not r.setup] or rows
     ordered = sorted(usable, key=lambda r: r.duration_s)
     return ordered[len(ordered) // 2]
 
@@ -203,7 +203,8 @@ def _heatmap(report: Report, out: str) -> str:
     fig = _figure(min(16, max(6, 0.25 * len(rows) + 3)), 2.5 + 0.6 * len(ranks) * 2)
     # The color scale spans the steady-state steps alone (the first step holds set-up, often 50x a step,
     # and from 0: a 60 +- 5 ms run would be one flat color). Cells outside the scale are clipped, and said so.
-    steady = step_ms[:, 1:] if len(rows) > 1 else step_ms
+    steady_cols = [j for j, r in enumerate(rows) if not r.setup] or list(range(len(rows)))
+    steady = step_ms[:, steady_cols]
     finite = steady[np.isfinite(steady)]
     low, high = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
     if low is not None and high - low < 1e-3:
@@ -211,7 +212,8 @@ def _heatmap(report: Report, out: str) -> str:
     outside = [] if low is None else [rows[j].step for j in range(len(rows)) if np.nanmax(step_ms[:, j]) > high * 1.0001]
     step_title = "step time (ms)" if low is None else f"step time (ms), color scale {low:.1f}..{high:.1f} ms"
     if outside:
-        step_title += f"; clipped above it: step {fmt_ranks(outside)} (first: with set-up)" if outside[0] == rows[0].step and len(rows) > 1 else f"; clipped above it: step {fmt_ranks(outside)}"
+        setup = [r.step for r in rows if r.setup]
+        step_title += f"; clipped above it: step {fmt_ranks(outside)}" + (" (set-up: step %d)" % setup[0] if setup and setup[0] in outside else "")
     for k, (data, title, cmap, bottom, top) in enumerate(
         (
             (step_ms, step_title, "viridis", low, high),
@@ -223,7 +225,7 @@ def _heatmap(report: Report, out: str) -> str:
         ax.set_title(title, fontsize=10)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=8)
-        step_labels = [str(r.step) for r in rows]
+        step_labels = [f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") for r in rows]
         every = max(1, len(rows) // 25)
         ax.set_xticks(range(0, len(rows), every))
         ax.set_xticklabels(step_labels[::every], fontsize=8)

@@ -81,6 +81,10 @@ class RankStep:
     start_ns: int
     end_ns: int
     duration_s: float
+    occurrence: int = 0
+    """How many times the rank began this step number before (epochs numbered again, evaluation steps)."""
+    setup: bool = False
+    """The rank's first step, which holds its set-up."""
     compute_s: float | None = None
     wait_s: float | None = None
     collectives: int | None = None

@@ -168,6 +168,11 @@ def stragglers(table: Stragglers, noise_level: int = 0) -> list[str]:
 
 
 # ----------------------------------------------------------------------------------------- steps
+def _step_label(r) -> str:
+    """``12``; ``12#2`` for the third step numbered 12 (numbering restarted); ``1 set-up`` for the set-up step."""
+    return f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") + (" set-up" if r.setup else "")
+
+
 def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
     lines = ["", f"Steps: communication vs compute ({table.source})"]
     rows = table.rows
@@ -178,16 +183,18 @@ def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
         )
         shown = rows
         if len(rows) > MAX_STEP_ROWS and noise_level < 1:
-            slow = sorted(rows, key=lambda r: -r.duration_s)[:5]
-            keep = {r.step for r in rows[:10]} | {r.step for r in slow}
-            shown = [r for r in rows if r.step in keep]
+            slow = sorted(range(len(rows)), key=lambda i: -rows[i].duration_s)[:5]
+            keep = set(range(10)) | set(slow)
+            shown = [r for i, r in enumerate(rows) if i in keep]
         prev = None
-        for r in shown:
-            if prev is not None and r.step != prev + 1 and len(shown) < len(rows):
+        for i, r in enumerate(rows):
+            if r not in shown:
+                continue
+            if prev is not None and i != prev + 1:
                 lines.append(f"  {'...':>6}")
-            prev = r.step
+            prev = i
             lines.append(
-                f"  {r.step:>6} {r.ranks:>5} {_ms(r.duration_s)} {_ms(r.mean_compute_s, 11)} {_ms(r.mean_wait_s)} "
+                f"  {_step_label(r):>6} {r.ranks:>5} {_ms(r.duration_s)} {_ms(r.mean_compute_s, 11)} {_ms(r.mean_wait_s)} "
                 f"{_pct(r.comm_share)} {_pct(r.async_share)} {r.collectives:>6} "
                 f"{(str(r.slowest_rank) if r.slowest_rank is not None else '-'):>8}"
             )

@@ -221,6 +221,10 @@ class StepRow:
     """The step's trace (the same on every rank): look it up in Jaeger or Tempo."""
     cells: list[StepCell] = field(default_factory=list)
     """Every rank's values (noise level 1 and up)."""
+    occurrence: int = 0
+    """How many times this step number began before (a program that numbers its epochs' steps from 0 again)."""
+    setup: bool = False
+    """The run's first step, which holds set-up (imports, initialisation, the model's construction)."""
 
 
 @dataclass(kw_only=True)

@@ -92,7 +92,6 @@ def activate(mode: str, capacity: int) -> None:
         return
     R.SLOTS = slots
     _held.clear()
-    _steps.clear()  # contexts of another instrument()'s run id
     _mod = mod
 
 
@@ -185,21 +184,14 @@ class _Backward:
 
 _held: dict[int, _Backward] = {}  # model number -> its backward being held
 _contexts: dict[tuple, tuple] = {}
-_steps: dict[int, tuple | None] = {}
 
 
-def _step_context(index: int, tracker: Any) -> tuple | None:
-    """R.STEP's tuple for step ``index``: the one the training thread had (steps.py keeps the last few in
-    R.RECENT_STEPS), else derived from the index as it was."""
-    ctx = _RECENT[index & _RECENT_MASK]
-    if ctx is not None and ctx[0] == index:
-        return ctx
-    ctx = _steps.get(index)
-    if ctx is None and tracker is not None and tracker.trace_key is not None:
-        if len(_steps) > 16:
-            _steps.clear()
-        ctx = _steps[index] = tracker._context(index)
-    return ctx
+def _step_context(serial: int, tracker: Any) -> tuple | None:
+    """R.STEP's tuple for the ``serial``-th step of this rank, as the training thread had it (steps.py
+    keeps the last 256 in R.RECENT_STEPS): a step further back than that has ended long ago, and its
+    collectives are recorded outside any step."""
+    ctx = _RECENT[serial & _RECENT_MASK]
+    return ctx if ctx is not None and ctx[0] == serial else None
 
 
 def _bucket_context(index: int, nbytes: int, last: bool) -> tuple:
@@ -220,7 +212,7 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     """The record of an entry (record.py's fields, in one literal: this runs per collective on the drain)."""
     op, kind = _OPS.get(e[E_OP], _UNKNOWN_OP)
     numel, ntensors, redop, root, error, task = e[E_NUMEL], e[E_NTENSORS], e[E_REDOP], e[E_ROOT], e[E_ERROR], e[E_TASK]
-    step = e[E_STEP] - 1  # the slot holds the step's index + 1; 0 outside steps
+    step = e[E_STEP] - 1  # the slot holds the step's serial + 1; 0 outside steps
     if step >= 0:
         ctx = _RECENT[step & _RECENT_MASK]
         if ctx is None or ctx[0] != step:
