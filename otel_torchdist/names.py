@@ -18,6 +18,7 @@ Conventions (OpenTelemetry style in code, Prometheus names derived):
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 
 # --------------------------------------------------------------------------------------------------
@@ -316,15 +317,33 @@ TRAINING_SPAN_ATTRIBUTES = (
 # Steps, stragglers and hangs
 SPAN_STEP = "train.step"  # the shared root of one step's trace (rank 0 emits it)
 SPAN_RANK_STEP = "train.rank_step"  # one per rank and step, child of the root
-SPAN_PHASE = "train.phase"  # forward / backward / data wait inside a rank's step
+SPAN_PHASES = {"forward": "train.forward", "backward": "train.backward"}  # a phase inside a rank's step, by phase
+SPAN_PHASE_BEFORE = "train.phase"  # what every phase span was named before (runs of earlier versions)
 SPAN_HANG = "collective.hang"  # a collective in flight beyond the threshold
 SPAN_WARNING = "torchdist.warning"  # a warning with no better home (low GPU utilization, ...)
-STEP_SPAN_NAMES = (SPAN_STEP, SPAN_RANK_STEP, SPAN_PHASE, SPAN_HANG, SPAN_WARNING)
+STEP_SPAN_NAMES = (SPAN_STEP, SPAN_RANK_STEP, *SPAN_PHASES.values(), SPAN_HANG, SPAN_WARNING)
+
+# A span's name as exported carries its rank, so that Jaeger's trace view shows whose span each row is
+# without opening it: "all_reduce rank=3". Bounded by the world size (the ranks), as the rank label of the
+# metrics is. The step's root is every rank's: it has none.
+RANK_IN_NAME = " rank=%d"
+CROSS_RANK_SPANS = frozenset({SPAN_STEP})
+_RANK_SUFFIX = re.compile(r" rank=\d+$")
+
+
+def exported_span_name(name: str, rank: int | None) -> str:
+    return name if rank is None or name in CROSS_RANK_SPANS else name + RANK_IN_NAME % rank
+
+
+def span_base_name(exported: str) -> str:
+    """The name without its rank: what the constants above say (exported_span_name's inverse)."""
+    return _RANK_SUFFIX.sub("", exported)
 
 STEP = "torchdist.step"  # the step index
 STEP_SOURCE = "torchdist.step.source"  # optimizer | explicit
 STEP_OCCURRENCE = "torchdist.step.occurrence"  # times this step number began before on the rank (when > 0)
 STEP_SETUP = "torchdist.step.setup"  # true on the rank's first step, which holds its set-up
+STEP_RANKS_TIMED = "torchdist.step.ranks_timed"  # on train.step: the ranks whose step times its interval covers
 STEP_DURATION = "torchdist.step.duration_s"
 STEP_COMPUTE = "torchdist.step.compute_s"  # step time not spent blocked in collectives
 STEP_COLLECTIVE_WAIT = "torchdist.step.collective_wait_s"  # time blocked in collectives (calls, wait())
@@ -334,7 +353,7 @@ STEP_LOSS = "torchdist.step.loss"
 STEP_LR = "torchdist.step.learning_rate"
 STEP_SAMPLES = "torchdist.step.samples"
 STEP_TOKENS = "torchdist.step.tokens"
-PHASE_NAME = "torchdist.phase"  # on train.phase spans: forward | backward | data_wait
+PHASE_NAME = "torchdist.phase"  # on phase spans (SPAN_PHASES): forward | backward
 HANG_WAITED = "torchdist.hang.waited_s"
 HANG_THRESHOLD = "torchdist.hang.threshold_s"
 WARNING_KIND = "torchdist.warning.kind"
@@ -347,6 +366,7 @@ STEP_SPAN_ATTRIBUTES = (
     STEP_SOURCE,
     STEP_OCCURRENCE,
     STEP_SETUP,
+    STEP_RANKS_TIMED,
     STEP_DURATION,
     STEP_COMPUTE,
     STEP_COLLECTIVE_WAIT,

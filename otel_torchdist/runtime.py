@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from . import health, logs, signals, steps, stragglers, watchdog
+from . import health, logs, signals, step_roots, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
@@ -110,6 +110,7 @@ class Runtime:
         self.components: list[Component] = []
         self.steps = steps.StepTracker(cfg)
         self.exchange: stragglers.Exchange | None = None
+        self.roots: step_roots.StepRoots | None = None
         self._started = False
         self._run_dir_ok = True
         self.watchdog: watchdog.Watchdog | None = None
@@ -253,6 +254,7 @@ class Runtime:
         if exporting and "prometheus" in cfg.resolved_metrics_exporters():
             self._start_prometheus(ident, labels)
         self._write_json(f"resource.rank{ident.rank}.json", resource)
+        otlp.name_spans_for_rank(ident.rank)
         self.pipeline.set_destination(resource, labels, span_sinks, metric_sinks, otlp.SPAN_ENCODERS)
         if self.meter is not None:
             self.pipeline.bridge_metrics(self.meter)
@@ -287,6 +289,11 @@ class Runtime:
             self.exchange = stragglers.Exchange(self.pipeline, ident.trace_key, ident.rank, ident.world_size, every)
             self.steps.exchange = self.exchange
             self.exchange.start()
+        if ident.distributed and ident.world_size > 1 and cfg.traces_rank(ident.rank) and stragglers.default_tcp_store() is not None:
+            traced = [r for r in range(ident.world_size) if cfg.traces_rank(r)]
+            self.roots = step_roots.StepRoots(self.pipeline, ident.trace_key, ident.rank, traced)
+            self.steps.roots = self.roots
+            self.roots.start()
         self.steps.attach(self.pipeline, ident.trace_key, ident.rank, ident.world_size)
         self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
         self.pipeline.metric_sources.append(self.watchdog.metric_data)
@@ -425,6 +432,10 @@ class Runtime:
         for part in (self.watchdog, self.exchange):
             if part is not None:
                 part.stop()
+        if self.roots is not None:
+            # The last steps' times reach rank 0 (and their roots go out) before the final flush.
+            self.pipeline.drain()
+            self.roots.stop(min(1.0, self.end_budget()))
         if self.watchdog is not None:
             # A rank told to stop while stuck in a collective: say which one, as unfinished.
             for rec in self.watchdog.blocking_in_flight():
@@ -448,6 +459,7 @@ class Runtime:
             self.meter.close(self.pipeline.metric_data())
         native_hot.deactivate()
         otlp.use_native(None)
+        otlp.name_spans_for_rank(None)
         ddp_native.deactivate(restore)
         self._finish_summary()
         if self.prometheus is not None:
@@ -472,7 +484,7 @@ class Runtime:
         table = _summary.rows(self.pipeline.store.snapshot())
         drops = health.drops()
         errors = health.errors()
-        step_stats = _summary.steps(self.pipeline.framework)
+        step_stats = _summary.steps(self.pipeline.framework, self.steps)
         self._write_json(
             f"summary.rank{ident.rank}.json",
             {

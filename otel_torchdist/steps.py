@@ -252,6 +252,8 @@ class StepTracker:
         self.deep: Any = None
         self.pipeline: Any = None
         self.exchange: Any = None
+        self.roots: Any = None  # step_roots.StepRoots: the cross-rank root's times (world > 1)
+        self.setup: tuple[int, float, float, float] | None = None  # the set-up step: number, duration, compute, wait
         self._lock = threading.RLock()
         self._recent = _Recent(101)
         self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (_close_step)
@@ -532,9 +534,13 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
         _user_metrics(fw, values, duration)
     recent = tracker._recent
     median = recent.median()
-    recent.append(duration)
+    if serial == 1:
+        tracker.setup = (index, duration, compute, wait)  # apart from the steady state (the summary)
+    else:
+        recent.append(duration)
     if tracker.total is not None:
-        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * recent.median())
+        typical = recent.median()
+        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * (duration if typical is None else typical))
     if tracker.exchange is not None:
         tracker.exchange.add_step(serial, duration, compute, wait)
     factor = tracker.cfg.slow_step_factor
@@ -625,19 +631,22 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         span.attributes.append((n.ERROR_TYPE, etype))
         span.events.append((n.EXCEPTION_EVENT, t1 + off, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
     pipeline.add_span(span)
+    root_span = None
     if tracker.rank == 0:
-        pipeline.add_span(
-            SpanData(
-                n.SPAN_STEP,
-                shared,
-                root,
-                None,
-                t0 + off,
-                t1 + off,
-                [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)]
-                + ([(n.STEP_OCCURRENCE, info["occurrence"])] if info["occurrence"] else []),
-            )
+        root_span = SpanData(
+            n.SPAN_STEP,
+            shared,
+            root,
+            None,
+            t0 + off,
+            t1 + off,
+            [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)]
+            + ([(n.STEP_OCCURRENCE, info["occurrence"])] if info["occurrence"] else []),
         )
+    if tracker.roots is not None:  # the root covers every rank's step: rank 0 emits it once they are in
+        tracker.roots.add(shared, t0 + off, t1 + off, root_span)
+    elif root_span is not None:
+        pipeline.add_span(root_span)
     from .spans import new_span_id
 
     backward = info["backward"]
@@ -645,11 +654,11 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         first = min(a for a, _ in backward)
         if first > t0:
             pipeline.add_span(
-                SpanData(n.SPAN_PHASE, trace, new_span_id(), rank_span, t0 + off, first + off, [(n.PHASE_NAME, "forward")])
+                SpanData(n.SPAN_PHASES["forward"], trace, new_span_id(), rank_span, t0 + off, first + off, [(n.PHASE_NAME, "forward")])
             )
         for a, b in backward:
             pipeline.add_span(
-                SpanData(n.SPAN_PHASE, trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
+                SpanData(n.SPAN_PHASES["backward"], trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
             )
 
 

@@ -36,6 +36,30 @@ TIMEOUT = datetime.timedelta(seconds=30)
 POLL = 0.1  # seconds between checks for the other ranks' keys
 
 
+def default_tcp_store() -> Any:
+    """The default process group's TCPStore (under its prefix and wrapper stores), or None."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    try:
+        store = c10d._get_default_store()
+    except Exception:
+        return None
+    while hasattr(store, "underlying_store"):
+        store = store.underlying_store
+    return store if isinstance(store, dist.TCPStore) else None
+
+
+def connect_store() -> Any:
+    """A client connection of this thread's own to the default process group's TCPStore."""
+    import torch.distributed as dist
+
+    store = default_tcp_store()
+    if store is None:
+        raise RuntimeError("the default process group's store is not a TCPStore")
+    return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
+
+
 class _Stopped(Exception):
     pass
 
@@ -111,17 +135,6 @@ class Exchange:
     def _key(self, window: int, what: str) -> str:
         return f"otel_torchdist/{self.trace_key}/stragglers/{window}/{what}"
 
-    def _connect(self) -> Any:
-        import torch.distributed as dist
-        from torch.distributed import distributed_c10d as c10d
-
-        store = c10d._get_default_store()
-        while hasattr(store, "underlying_store"):
-            store = store.underlying_store
-        if not isinstance(store, dist.TCPStore):
-            raise RuntimeError(f"the process group's store is a {type(store).__name__}, not a TCPStore")
-        return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
-
     def _run(self) -> None:
         try:
             while not self._stopping.is_set():
@@ -130,7 +143,7 @@ class Exchange:
                     return
                 try:
                     if self._client is None:
-                        self._client = self._connect()
+                        self._client = connect_store()
                     self._exchange(*item)
                 except _Stopped:
                     return

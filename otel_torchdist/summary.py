@@ -15,6 +15,19 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
+def human_rate(gbps: float | None) -> str:
+    """A bandwidth given in GB/s (10^9 bytes/s, as nccl-tests), in the unit that gives it 1 to 3 digits
+    before the point: ``1.46 GB/s``, ``14.6 kB/s``; ``-`` for none."""
+    if gbps is None:
+        return "-"
+    value = gbps * 1e9
+    for unit in ("B/s", "kB/s", "MB/s", "GB/s"):
+        if abs(value) < 999.5 or unit == "GB/s":
+            return f"{value:.3g} {unit}" if value >= 1 or value == 0 else f"{value:.2g} {unit}"
+        value /= 1000
+    return f"{value:.3g} GB/s"
+
+
 def rows(snapshot: dict[tuple[str, str], Series]) -> list[dict[str, Any]]:
     out = []
     for (op, group), s in sorted(snapshot.items(), key=lambda kv: -kv[1].dur_sum):
@@ -43,11 +56,10 @@ def render(header: str, table: list[dict[str, Any]], footer: list[str]) -> str:
     else:
         lines.append(
             f"  {'op':<28} {'group':<14} {'calls':>7} {'avg size':>10} {'total ms':>10} {'mean ms':>9} "
-            f"{'algbw GB/s':>11} {'busbw GB/s':>11}"
+            f"{'algbw':>11} {'busbw':>11}"
         )
         for r in table:
-            alg = f"{r['algbw_gbps']:.3f}" if r["algbw_gbps"] is not None else "-"
-            bus = f"{r['busbw_gbps']:.3f}" if r["busbw_gbps"] is not None else "-"
+            alg, bus = human_rate(r["algbw_gbps"]), human_rate(r["busbw_gbps"])
             calls = f"{r['calls']}" + (f" ({r['errors']} err)" if r["errors"] else "")
             lines.append(
                 f"  {r['op']:<28} {r['group']:<14} {calls:>7} {human_bytes(r['mean_message_size']):>10} "
@@ -57,19 +69,29 @@ def render(header: str, table: list[dict[str, Any]], footer: list[str]) -> str:
     return "\n".join(lines)
 
 
-def steps(framework: Any) -> dict[str, Any]:
-    """This rank's step totals and straggler verdict, from the framework metrics."""
+def steps(framework: Any, tracker: Any = None) -> dict[str, Any]:
+    """This rank's step figures and straggler verdict, from the framework metrics and the step tracker:
+    the set-up step (imports, initialisation, the model's construction, often 50 steps' worth) apart, a
+    median for the step time (one slow step does not move it)."""
     from . import names as n
 
-    count = framework.get(n.STEPS_METRIC, ()) or 0
-    out: dict[str, Any] = {"steps": int(count)}
+    count = int(framework.get(n.STEPS_METRIC, ()) or 0)
+    out: dict[str, Any] = {"steps": count}
     if count:
         compute = framework.get(n.STEP_COMPUTE_TIME, ()) or 0.0
         wait = framework.get(n.STEP_COLLECTIVE_WAIT_TIME, ()) or 0.0
+        setup = getattr(tracker, "setup", None)
+        steady = count
+        if setup is not None and count > 1:
+            out.update(setup_step=setup[0], setup_step_s=setup[1])
+            compute, wait, steady = compute - setup[2], wait - setup[3], count - 1
+        median = tracker._recent.median() if tracker is not None else None
         out.update(
-            mean_step_s=(compute + wait) / count,
-            mean_compute_s=compute / count,
-            mean_collective_wait_s=wait / count,
+            median_step_s=median if median is not None else (compute + wait) / steady,
+            median_of=len(tracker._recent) if median is not None else 0,
+            mean_step_s=(compute + wait) / steady,
+            mean_compute_s=compute / steady,
+            mean_collective_wait_s=wait / steady,
         )
     slowest = framework.get(n.STRAGGLER_SLOWEST, ())
     if slowest is not None and slowest >= 0:
@@ -81,10 +103,20 @@ def steps(framework: Any) -> dict[str, Any]:
 def step_lines(stats: dict[str, Any]) -> list[str]:
     if not stats.get("steps"):
         return []
-    line = (
-        f"steps: {stats['steps']}, {stats['mean_step_s'] * 1e3:.1f} ms each on average: "
-        f"{stats['mean_compute_s'] * 1e3:.1f} ms compute, {stats['mean_collective_wait_s'] * 1e3:.1f} ms in collectives"
+    line = f"steps: {stats['steps']}"
+    if "setup_step_s" in stats:
+        line += f" (step {stats['setup_step']}, with set-up, took {_duration(stats['setup_step_s'])})"
+    median_of = stats.get("median_of") or 0
+    line += (
+        f"; a step takes {_duration(stats['median_step_s'])} "
+        + (f"(median of the last {median_of})" if median_of else "(mean)")
+        + f", on average {_duration(stats['mean_compute_s'])} compute and "
+        f"{_duration(stats['mean_collective_wait_s'])} in collectives"
     )
     if "slowest_rank" in stats:
         line += f"; slowest rank at the last exchange: {stats['slowest_rank']}"
     return [line]
+
+
+def _duration(seconds: float) -> str:
+    return f"{seconds:.2f} s" if seconds >= 1 else f"{seconds * 1e3:.1f} ms"

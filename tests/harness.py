@@ -95,7 +95,10 @@ def attrs(items: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def read_spans(path: str) -> list[dict[str, Any]]:
-    """Every span in an OTLP/JSON lines trace file, attributes flattened, resource attached."""
+    """Every span in an OTLP/JSON lines trace file, attributes flattened, resource attached; ``name`` without
+    the rank the exported name carries (``exported_name``: as written)."""
+    from otel_torchdist.names import span_base_name
+
     spans = []
     with open(path) as f:
         for line in f:
@@ -104,7 +107,8 @@ def read_spans(path: str) -> list[dict[str, Any]]:
                 resource = attrs(rs["resource"]["attributes"])
                 for ss in rs["scopeSpans"]:
                     for s in ss["spans"]:
-                        spans.append({**s, "attributes": attrs(s["attributes"]), "resource": resource})
+                        spans.append({**s, "name": span_base_name(s["name"]), "exported_name": s["name"],
+                                      "attributes": attrs(s["attributes"]), "resource": resource})
     return spans
 
 
@@ -161,3 +165,33 @@ def library_log():
     finally:
         logger.removeHandler(handler)
 
+
+
+def trace_layout_problems(spans: list[dict[str, Any]]) -> list[str]:
+    """What Jaeger's trace view would show wrong in these spans (all ranks' together): a span id twice in a
+    trace, a parent that is not in the trace (an orphan: Jaeger's "invalid parent"), or a child that lies
+    outside its parent's interval (drawn past its end)."""
+    problems: list[str] = []
+    by_id: dict[tuple[str, str], dict[str, Any]] = {}
+    for s in spans:
+        key = (s["traceId"], s["spanId"])
+        if key in by_id:
+            problems.append(f"span id {key} twice: {by_id[key]['name']}, {s['name']}")
+        by_id[key] = s
+    for s in spans:
+        parent_id = s.get("parentSpanId")
+        if not parent_id:
+            continue
+        parent = by_id.get((s["traceId"], parent_id))
+        if parent is None:
+            problems.append(f"orphan {s.get('exported_name', s['name'])} (parent {parent_id} not in trace {s['traceId']})")
+            continue
+        start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
+        p_start, p_end = int(parent["startTimeUnixNano"]), int(parent["endTimeUnixNano"])
+        if start < p_start or end > p_end:
+            problems.append(
+                f"{s.get('exported_name', s['name'])} [{start}, {end}] outside its parent "
+                f"{parent.get('exported_name', parent['name'])} [{p_start}, {p_end}] by "
+                f"{max(p_start - start, end - p_end) / 1e6:.3f} ms"
+            )
+    return problems

@@ -11,6 +11,8 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
+from otel_torchdist import names as n
+
 SERVICE = "my-trainer"
 
 
@@ -28,7 +30,8 @@ class JsonSpans:
                 f.write(
                     json.dumps(
                         {
-                            "name": s.name,
+                            "name": n.span_base_name(s.name),
+                            "exported_name": s.name,
                             "trace": f"{s.context.trace_id:032x}",
                             "span": f"{s.context.span_id:016x}",
                             "parent": f"{s.parent.span_id:016x}" if s.parent else None,

@@ -87,8 +87,9 @@ def count_spans(folder: str) -> tuple[Counter, Counter]:
                     for ss in rs["scopeSpans"]:
                         for s in ss["spans"]:
                             keys = {a["key"] for a in s["attributes"]}
-                            if n.COLL_OP in keys and s["name"] != n.SPAN_HANG:
-                                per_op[s["name"]] += 1
+                            name = s["name"].rsplit(" rank=", 1)[0]  # the name as exported carries the rank
+                            if n.COLL_OP in keys and name != n.SPAN_HANG:
+                                per_op[name] += 1
                                 per_rank[rank] += 1
     return per_op, per_rank
 
@@ -139,7 +140,7 @@ def test_analyze_counts_equal_the_records_in_the_files(runs, capsys):
     assert data["run"]["collective_spans"] == sum(spans_per_op.values())
     modules = {m["module"]: m for m in data["modules"]["rows"]}
     assert modules["Global"]["total"] == spans_per_rank[data["modules"]["rank"]]
-    for unit in ("0", "2", "4"):  # FSDP units: an all-gather in each forward, and backward work
+    for unit in ("Sequential.0", "Sequential.2", "Sequential.4"):  # FSDP units, full paths: an all-gather in each forward, and backward work
         assert modules[unit]["counts"]["forward"] == 3 and modules[unit]["counts"]["backward"] >= 3
     assert modules["TPMLP.net2"]["counts"]["forward"] >= 1
     assert data["run"]["traced_steps"][:9] == list(range(1, 10))

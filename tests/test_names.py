@@ -152,7 +152,11 @@ def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
         "sharding.redistribute", "sharding.distribute_module", "sharding.parallelize_module", "checkpoint.save",
         "checkpoint.load",
     )
-    assert n.STEP_SPAN_NAMES == ("train.step", "train.rank_step", "train.phase", "collective.hang", "torchdist.warning")
+    assert n.STEP_SPAN_NAMES == (
+        "train.step", "train.rank_step", "train.forward", "train.backward", "collective.hang", "torchdist.warning"
+    )  # fmt: skip
+    assert n.exported_span_name("all_reduce", 3) == "all_reduce rank=3" and n.exported_span_name("train.step", 3) == "train.step"
+    assert n.span_base_name("train.rank_step rank=12") == "train.rank_step" and n.span_base_name("all_reduce") == "all_reduce"
     every = n.SOURCE_ATTRIBUTES + n.TRAINING_SPAN_ATTRIBUTES + n.STEP_SPAN_ATTRIBUTES + n.RUN_DESCRIPTION_ATTRIBUTES
     assert len(set(every)) == len(every)
     assert all(key.startswith("torchdist.") for key in every)
@@ -172,6 +176,7 @@ def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
         "torchdist.sharding.mesh_dim_names", "torchdist.sharding.plan", "torchdist.checkpoint.id",
         "torchdist.checkpoint.bytes", "torchdist.checkpoint.tensors", "torchdist.checkpoint.async",
         "torchdist.step", "torchdist.step.source", "torchdist.step.occurrence", "torchdist.step.setup",
+        "torchdist.step.ranks_timed",
         "torchdist.step.duration_s", "torchdist.step.compute_s", "torchdist.step.collective_wait_s",
         "torchdist.step.collectives", "torchdist.step.message_bytes", "torchdist.step.loss",
         "torchdist.step.learning_rate", "torchdist.step.samples", "torchdist.step.tokens", "torchdist.phase",

@@ -136,7 +136,7 @@ class Metrics(MetricExporter):
         dist.all_reduce(torch.ones(4))
     otel_torchdist.uninstrument()
     got = [json.loads(line) for line in out.read_text().splitlines()]
-    assert {"span": "all_reduce", "service": "torch-distributed"} in got
+    assert {"span": "all_reduce rank=0", "service": "torch-distributed"} in got  # the rank in the name
     assert {"metric": n.COLLECTIVE_CALLS.name} in got
     sys.modules.pop("jsonl_exporter", None)
 

@@ -27,6 +27,11 @@ from otel_torchdist import names as n
 RESOURCE = Resource({"service.name": "my-trainer", "team": "ml"})
 
 
+
+def _name(span) -> str:
+    """A span's name without the rank the library's span names carry (``all_reduce rank=0``)."""
+    return n.span_base_name(span.name)
+
 def _providers(sampler=None, views=()):
     spans = InMemorySpanExporter()
     tp = TracerProvider(resource=RESOURCE, sampler=sampler)
@@ -64,7 +69,7 @@ def test_spans_and_metrics_go_through_the_given_providers(fake_pg, instrumented,
     otel_torchdist.uninstrument()
 
     finished = spans.get_finished_spans()
-    names = [s.name for s in finished]
+    names = [_name(s) for s in finished]
     assert names.count("all_reduce") == 3 and names.count("broadcast") == 3
     assert names.count(n.SPAN_RANK_STEP) == 3 and names.count(n.SPAN_STEP) == 3
     for s in finished:  # the application's Resource; the rank and run on every span
@@ -113,7 +118,7 @@ def test_the_instrumentor_takes_providers_as_contrib_instrumentations_do(fake_pg
         _steps(1)
     finally:
         inst.uninstrument()
-    assert {s.name for s in spans.get_finished_spans()} >= {"all_reduce", n.SPAN_RANK_STEP}
+    assert {_name(s) for s in spans.get_finished_spans()} >= {"all_reduce", n.SPAN_RANK_STEP}
     assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 1
 
 
@@ -130,7 +135,7 @@ class _Lines(SpanExporter):
         self.lines: list[str] = []
 
     def export(self, spans):
-        self.lines += [f"{s.name} {s.context.trace_id:032x} {s.attributes.get(n.COLL_OP, '')}" for s in spans]
+        self.lines += [f"{_name(s)} {s.context.trace_id:032x} {s.attributes.get(n.COLL_OP, '')}" for s in spans]
         return SpanExportResult.SUCCESS
 
 
@@ -147,7 +152,7 @@ def test_a_custom_exporter_that_is_not_otlp_receives_every_span(fake_pg, instrum
 
 class _NoBroadcast(Sampler):
     def should_sample(self, parent_context, trace_id, name, kind=None, attributes=None, links=None, trace_state=None):
-        return SamplingResult(Decision.DROP if name == "broadcast" else Decision.RECORD_AND_SAMPLE)
+        return SamplingResult(Decision.DROP if n.span_base_name(name) == "broadcast" else Decision.RECORD_AND_SAMPLE)
 
     def get_description(self) -> str:
         return "NoBroadcast"
@@ -158,7 +163,7 @@ def test_the_providers_sampler_decides_for_every_span(fake_pg, instrumented):
     instrumented(tracer_provider=tp)
     _steps(2)
     otel_torchdist.uninstrument()
-    names = [s.name for s in spans.get_finished_spans()]
+    names = [_name(s) for s in spans.get_finished_spans()]
     assert "broadcast" not in names and names.count("all_reduce") == 2
 
 
@@ -178,7 +183,7 @@ def test_a_ratio_sampler_keeps_or_drops_each_step_whole(fake_pg, instrumented):
     otel_torchdist.uninstrument()
     by_trace: dict[int, list[str]] = {}
     for s in spans.get_finished_spans():
-        by_trace.setdefault(s.context.trace_id, []).append(s.name)
+        by_trace.setdefault(s.context.trace_id, []).append(_name(s))
     assert 0 < len(by_trace) < 16  # some steps kept, some dropped (16 steps at 0.5: 1 in 32 768 to fail)
     for names in by_trace.values():  # a kept step is kept whole
         assert sorted(names) == sorted(["all_reduce", "broadcast", n.SPAN_RANK_STEP, n.SPAN_STEP])
@@ -213,27 +218,27 @@ def test_a_step_under_the_callers_span_makes_one_tree_with_the_callers_spans(fak
     otel_torchdist.uninstrument()
     finished = spans.get_finished_spans()
     by_id = {s.context.span_id: s for s in finished}
-    iterations = [s for s in finished if s.name == "iteration"]
-    steps = sorted((s for s in finished if s.name == n.SPAN_RANK_STEP), key=lambda s: s.attributes[n.STEP])
+    iterations = [s for s in finished if _name(s) == "iteration"]
+    steps = sorted((s for s in finished if _name(s) == n.SPAN_RANK_STEP), key=lambda s: s.attributes[n.STEP])
     assert len(iterations) == len(steps) == 3
     for it, step in zip(iterations, steps):
-        under = {s.name: s for s in finished if s.parent is not None and s.parent.span_id == step.context.span_id}
+        under = {_name(s): s for s in finished if s.parent is not None and s.parent.span_id == step.context.span_id}
         assert set(under) == {"my.forward", "broadcast"}  # the caller's span inside the step is the step's child
         (forward_child,) = [s for s in finished if s.parent is not None and s.parent.span_id == under["my.forward"].context.span_id]
-        assert forward_child.name == "all_reduce"
+        assert _name(forward_child) == "all_reduce"
         (link,) = step.links
         if step.attributes[n.STEP] == 1:
             # Step 1 was open since instrument() (set-up may be in it): it stays in the step's shared trace,
             # under its root, and links to the span it was marked in.
             assert (link.context.trace_id, link.context.span_id) == (it.context.trace_id, it.context.span_id)
-            assert by_id[step.parent.span_id].name == n.SPAN_STEP
+            assert _name(by_id[step.parent.span_id]) == n.SPAN_STEP
             continue
         assert step.parent.span_id == it.context.span_id and step.context.trace_id == it.context.trace_id
         # Linked to the step's root, which rank 0 emits in the shared step trace.
         root = by_id[link.context.span_id]
-        assert root.name == n.SPAN_STEP and root.context.trace_id == link.context.trace_id != it.context.trace_id
+        assert _name(root) == n.SPAN_STEP and root.context.trace_id == link.context.trace_id != it.context.trace_id
     for s in finished:  # nothing points at a span that was not exported
-        assert s.parent is None or s.parent.span_id in by_id, s.name
+        assert s.parent is None or s.parent.span_id in by_id, _name(s)
 
 
 def test_exemplars_of_the_duration_histogram_point_at_exported_spans(fake_pg, instrumented):
@@ -279,7 +284,7 @@ def test_a_global_tracer_provider_is_found_without_options(monkeypatch, fake_pg,
     instrumented()
     _steps(1)
     otel_torchdist.uninstrument()
-    assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
+    assert "all_reduce" in {_name(s) for s in spans.get_finished_spans()}
 
 
 @pytest.mark.parametrize("native", ["auto", "off"])
@@ -293,7 +298,7 @@ def test_every_duration_reaches_the_providers_histogram_from_untraced_steps_too(
     assert (runtime.current().pipeline._fold is not None) == (native == "auto")
     _steps(5)
     otel_torchdist.uninstrument()
-    assert [s.name for s in spans.get_finished_spans()] == []
+    assert [_name(s) for s in spans.get_finished_spans()] == []
     points = _points(reader)
     assert _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count == 5
     assert _by_op(points[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 5
@@ -312,7 +317,7 @@ def test_the_global_meter_provider_can_be_left_to_the_librarys_own_exporters(mon
     folder = instrumented(global_meter_provider=False, metrics_exporter=("file",))
     _steps(1)
     otel_torchdist.uninstrument()
-    assert "all_reduce" in {s.name for s in spans.get_finished_spans()}
+    assert "all_reduce" in {_name(s) for s in spans.get_finished_spans()}
     assert n.COLLECTIVE_CALLS.name not in _points(reader)
     assert os.path.exists(os.path.join(folder, "metrics.rank0.jsonl"))
 
@@ -324,7 +329,7 @@ def test_a_span_processor_that_raises_costs_its_spans_counted_not_training(fake_
 
     class Raising(SpanProcessor):
         def on_end(self, span) -> None:
-            if span.name == "broadcast":
+            if _name(span) == "broadcast":
                 raise RuntimeError("the application's processor failed")
 
     tp, _, spans, _ = _providers()
@@ -333,6 +338,6 @@ def test_a_span_processor_that_raises_costs_its_spans_counted_not_training(fake_
     instrumented(tracer_provider=tp)
     _steps(2)
     otel_torchdist.uninstrument()
-    names = [s.name for s in spans.get_finished_spans()]
+    names = [_name(s) for s in spans.get_finished_spans()]
     assert names.count("all_reduce") == 2  # the others went through
     assert health.drops()["span"] == 2 and health.errors()["export"] == 2

@@ -13,7 +13,7 @@ import pytest
 from otel_torchdist import names as n
 from otel_torchdist.steps import _Recent, step_ids, union_seconds
 
-from .harness import last_metrics, read_spans, run_ranks
+from .harness import last_metrics, read_spans, run_ranks, trace_layout_problems
 
 
 def _job(tmp_path_factory, scenario: str, ws: int, run: str, args: dict | None = None):
@@ -114,6 +114,9 @@ def test_each_step_is_one_trace_across_ranks_with_one_root(steps_job):
         for _, s in spans:
             if s["name"] == n.SPAN_RANK_STEP:
                 assert s["parentSpanId"] == roots[0]["spanId"]
+        assert roots[0]["attributes"][n.STEP_RANKS_TIMED] == ws  # the root's interval covers every rank's step
+    # As Jaeger lays the traces out: no orphan, no span id twice, every child inside its parent, across ranks
+    assert trace_layout_problems([s for rank in range(ws) for s in steps_job["spans"][rank]]) == []
 
 
 def test_rank_step_holds_its_collectives_optimizer_step_and_phases(steps_job):
@@ -131,9 +134,11 @@ def test_rank_step_holds_its_collectives_optimizer_step_and_phases(steps_job):
             names = sorted(c["name"] for c in by_step[step])
             # DDP's gradient bucket, the optimizer step, and the forward / backward phases
             rebuild = ["broadcast", "broadcast"] if native and step == 2 else []
-            assert names == sorted(["all_reduce", "optimizer.step", "train.phase", "train.phase"] + rebuild), (step, names)
-            phases = sorted(c["attributes"][n.PHASE_NAME] for c in by_step[step] if c["name"] == n.SPAN_PHASE)
+            assert names == sorted(["all_reduce", "optimizer.step", "train.backward", "train.forward"] + rebuild), (step, names)
+            phases = sorted(c["attributes"][n.PHASE_NAME] for c in by_step[step] if c["name"] in n.SPAN_PHASES.values())
             assert phases == ["backward", "forward"]
+        # Jaeger's row shows the rank: every span's exported name carries it, but the cross-rank root's
+        assert all(s["exported_name"] == (s["name"] if s["name"] == n.SPAN_STEP else f"{s['name']} rank={rank}") for s in spans)
         # every span of a traced step shares the step's trace; untraced steps left nothing
         traced = {s["traceId"] for s in steps.values()}
         for s in spans:
@@ -536,8 +541,7 @@ def test_no_two_steps_share_ids_however_they_are_numbered(tmp_path_factory):
     results = run_ranks("scenarios_steps:numbering", 2, out, {})
     folder = os.path.join(out, "runs", "numbering")
     spans = [s for r in range(2) for s in read_spans(os.path.join(folder, f"traces.rank{r}.jsonl"))]
-    ids = [(s["traceId"], s["spanId"]) for s in spans]
-    assert len(ids) == len(set(ids))  # no span id twice in a trace
+    assert trace_layout_problems(spans) == []  # no span id twice in a trace, no orphan, children inside parents
     rank_steps = [s for s in spans if s["name"] == n.SPAN_RANK_STEP]
     per_trace = defaultdict(list)
     for s in rank_steps:
@@ -553,3 +557,32 @@ def test_no_two_steps_share_ids_however_they_are_numbered(tmp_path_factory):
     report = analyze_path(folder, noise_level=1)
     assert len(report.steps.rows) == steps
     assert "first" in report.steps.step_time_from  # the set-up step is told apart
+
+
+def test_summary_keeps_the_set_up_step_apart_and_gives_a_median(fake_pg, instrumented):
+    import json
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    from otel_torchdist.summary import step_lines
+
+    folder = instrumented(run_id="summary")
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    time.sleep(0.4)  # set-up: imports, initialisation, the model's construction
+    for i in range(9):
+        model(torch.ones(2, 4)).sum().backward()
+        dist.all_reduce(torch.ones(4))
+        time.sleep(0.3 if i == 4 else 0.01)  # one slow step: a median does not move
+        opt.step()
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    stats = json.load(open(f"{folder}/summary.rank0.json"))["steps"]
+    assert stats["steps"] == 9 and stats["setup_step"] == 1 and stats["setup_step_s"] >= 0.4
+    assert 0.01 <= stats["median_step_s"] < 0.1 and stats["median_of"] == 8
+    assert stats["mean_step_s"] > stats["median_step_s"]  # the slow step is in the mean, set-up is not
+    (line,) = step_lines(stats)
+    assert line.startswith("steps: 9 (step 1, with set-up, took ") and "; a step takes " in line and "(median of the last 8)" in line

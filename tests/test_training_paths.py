@@ -229,7 +229,7 @@ def test_fsdp2_collectives_carry_their_unit_and_match_the_profiler(fsdp2_job):
         assert colls and all(_a(s, n.COLL_FRAMEWORK) == "fsdp" for s in colls)
         units = Counter((s["name"], _a(s, n.COLL_MODULE), _a(s, n.COLL_PHASE)) for s in colls)
         steps = 2
-        for unit in ("0", "2", "4"):  # the blocks that hold parameters; the root holds none
+        for unit in ("Sequential.0", "Sequential.2", "Sequential.4"):  # the blocks with parameters, full paths
             assert units[("all_gather_single", unit, "forward")] == steps
             assert units[("all_gather_single", unit, "backward")] == steps  # re-gathered for backward
             assert units[("reduce_scatter_single", unit, "backward")] == steps
@@ -266,7 +266,7 @@ def fsdp1_job(tmp_path_factory):
 def test_fsdp1_collectives_carry_their_unit(fsdp1_job):
     colls = _collectives(fsdp1_job["spans"][0])
     units = Counter((_a(s, n.COLL_MODULE), _a(s, n.FSDP_ACTION)) for s in colls)
-    for unit in ("0", "2", "4"):
+    for unit in ("Sequential.0", "Sequential.2", "Sequential.4"):
         assert units[(unit, "unshard")] == 4  # forward and backward, two steps
         assert units[(unit, "reduce_scatter")] == 2
     wraps = [s for s in fsdp1_job["spans"][0] if s["name"] == n.SPAN_FSDP_WRAP]

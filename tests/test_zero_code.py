@@ -60,7 +60,7 @@ def test_opentelemetry_instrument_with_torchrun_instruments_the_workers(tmp_path
         if req["path"] == "/v1/traces":
             for rs in ExportTraceServiceRequest.FromString(req["body"]).resource_spans:
                 resource = _attributes(rs.resource.attributes)
-                spans += [(resource, s.name, _attributes(s.attributes)) for ss in rs.scope_spans for s in ss.spans]
+                spans += [(resource, n.span_base_name(s.name), _attributes(s.attributes)) for ss in rs.scope_spans for s in ss.spans]
         elif req["path"] == "/v1/metrics":
             for rm in ExportMetricsServiceRequest.FromString(req["body"]).resource_metrics:
                 for sm in rm.scope_metrics:

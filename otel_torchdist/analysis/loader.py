@@ -155,6 +155,9 @@ def _hex_id(raw: Any, nbytes: int) -> str:
         return raw
 
 
+_PHASE_SPANS = frozenset({*n.SPAN_PHASES.values(), n.SPAN_PHASE_BEFORE})
+
+
 def group_label(desc: Any, name: Any, label: Any = None) -> str:
     """The group as the metric labels name it: the span says so itself (``torchdist.group.label``); runs
     recorded before it did get the rule of ``capture/groups.py``: its description, else ``pg<name>``."""
@@ -216,7 +219,7 @@ def span_record(
                 loss=a.get(n.STEP_LOSS),
             )
         )
-    elif name == n.SPAN_PHASE:
+    elif n.PHASE_NAME in a and (name in _PHASE_SPANS):
         out.append(
             Phase(
                 rank=rank,
@@ -343,7 +346,7 @@ def _otlp_spans(doc: dict[str, Any], ranks: _Ranks, spans_wanted: bool) -> list[
                 out.extend(
                     span_record(
                         rank,
-                        s.get("name", "?"),
+                        n.span_base_name(s.get("name", "?")),
                         _hex_id(s.get("traceId"), 16),
                         _hex_id(s.get("spanId"), 8),
                         _hex_id(parent, 8) or None,
@@ -446,7 +449,7 @@ def _jaeger(doc: dict[str, Any], ranks: _Ranks, spans_wanted: bool) -> list[Reco
             out.extend(
                 span_record(
                     procs.get(s.get("processID"), 0),
-                    s.get("operationName", "?"),
+                    n.span_base_name(s.get("operationName", "?")),
                     _hex_id(s.get("traceID"), 16),
                     _hex_id(s.get("spanID"), 8),
                     _hex_id(parent, 8) or None,

@@ -2,7 +2,7 @@
 
 One process track per rank (``pid`` = rank, named ``rank R``). On its ``training thread`` (``tid`` 0) the
 slices that nest, as the training thread lived them: the rank's steps (``train.rank_step``), their phases
-(``train.phase``), optimizer steps and blocking collectives. Async collectives (DDP's bucket all-reduces,
+(``train.forward``, ``train.backward``), optimizer steps and blocking collectives. Async collectives (DDP's bucket all-reduces,
 in flight while backward computes) and the spans that may straddle those (sharding, ``ddp.init``,
 checkpoints, ``collective.hang``) are async slices of the same process, which Perfetto stacks in rows of
 their own under it. Timestamps are whole microseconds since the run's start (its earliest span; ``otherData``

@@ -96,7 +96,7 @@ class RankStep:
 
 @dataclass(slots=True, kw_only=True)
 class Phase:
-    """A ``train.phase`` span (forward, backward, data wait) inside a rank's step."""
+    """A phase span (``train.forward``, ``train.backward``) inside a rank's step."""
 
     rank: int
     phase: str

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ..summary import human_bytes
+from ..summary import human_bytes, human_rate
 from .report import CompareReport, HangReport, ModulesTable, OpsTable, Report, StepsTable, Stragglers
 from .builders import short_error
 from .stats import fmt_ranks
@@ -16,9 +16,7 @@ def _ms(x: float | None, width: int = 9, digits: int = 2) -> str:
 
 
 def _gb(x: float | None, width: int = 11) -> str:
-    if x is None:
-        return f"{'-':>{width}}"
-    return f"{x:>{width}.3f}" if x >= 0.001 or x == 0 else f"{x:>{width}.2e}"
+    return f"{human_rate(x):>{width}}"
 
 
 def _pct(x: float | None, width: int = 6) -> str:
@@ -61,7 +59,7 @@ def ops(table: OpsTable, noise_level: int = 0) -> list[str]:
         return lines + ["  no collectives"]
     lines.append(
         f"  {'op':<28} {'group':<14} {'calls':>7} {'/rank':>7} {'avg size':>10} {'total ms':>10} {'mean ms':>9} "
-        f"{'p50 ms':>9} {'p99 ms':>9} {'algbw GB/s':>11} {'busbw GB/s':>11}"
+        f"{'p50 ms':>9} {'p99 ms':>9} {'algbw':>11} {'busbw':>11}"
     )
     for r in table.rows:
         calls = f"{r.count}" + (f" ({r.errors} err)" if r.errors else "")
@@ -88,7 +86,7 @@ def ops(table: OpsTable, noise_level: int = 0) -> list[str]:
         for s in table.by_size:
             lines.append(
                 f"    {s.op:<28} {human_bytes(s.size_floor):>10} .. {human_bytes(2 * s.size_floor):>10} {s.count:>7} calls "
-                f"{_gb(s.algbw_gbps)} {_gb(s.busbw_gbps)} GB/s"
+                f"{_gb(s.algbw_gbps)} {_gb(s.busbw_gbps)}"
             )
     return lines
 
@@ -334,7 +332,7 @@ def compare(report: CompareReport) -> str:
                 f"  {d.op:<28} {d.group:<14} {_gb(d.busbw_a, 10)} {_gb(d.busbw_b, 10)} {change:>8} "
                 f"{_ms(d.mean_s_a, 10, 3)} {_ms(d.mean_s_b, 10, 3)}"
             )
-        lines.append("  busbw in GB/s (nccl-tests' bus bandwidth, bytes-weighted over each run)")
+        lines.append("  busbw: nccl-tests' bus bandwidth, bytes-weighted over each run")
     for note in report.notes:
         lines.append(f"  note: {note}")
     return "\n".join(lines)

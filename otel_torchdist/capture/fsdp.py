@@ -26,12 +26,45 @@ _MAX_SHAPES = 64
 _fsdp1_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # wrapped module -> FQN
 
 
+_group_names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # FSDPParamGroup -> its full name
+
+
 def _group_name(group: Any) -> str:
+    """The group's module as a full path from the root, ``RootClass.fqn`` (``Transformer.layers.0``), the
+    convention of the module tracker (context.py) and CommDebugMode: FSDP2's own FQN is relative to the
+    root (``layers.0``; under a Sequential root, a bare ``0``)."""
+    name = _group_names.get(group)
+    if name is not None:
+        return name
     fqn = group._module_fqn
-    if fqn:
-        return fqn
     modules = group.modules
-    return type(modules[0]).__name__ if modules else "<root>"
+    root = _root_class(modules[0]) if modules else None
+    if fqn:
+        name = ", ".join(f"{root}.{f}" if root else f for f in fqn.split(", "))
+    else:
+        name = root or (_class_name(modules[0]) if modules else "<root>")
+    if fqn is not None:  # named by the root's lazy initialisation: final
+        _group_names[group] = name
+    return name
+
+
+def _root_class(module: Any) -> str | None:
+    """The class of the root ``fully_shard`` module above ``module`` (its state context lists the root's
+    state first), or None before the root's lazy initialisation."""
+    try:
+        states = module._get_fsdp_state()._state_ctx.all_states
+        return _class_name(states[0]._modules[0]) if states else None
+    except Exception:
+        return None
+
+
+def _class_name(module: Any) -> str:
+    """The model's own class name: fully_shard swaps a module's class for ``FSDP<Class>`` (FSDPModule, Class)."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) >= 2 and cls.__name__ == f"FSDP{bases[-1].__name__}":
+        return bases[-1].__name__
+    return cls.__name__
 
 
 def _wrap_group_method(action: str):
@@ -141,7 +174,7 @@ def _wrap_fsdp1_init(orig):
                 if inner is not None:
                     clean = fqn.replace("_fsdp_wrapped_module.", "").replace("._fsdp_wrapped_module", "")
                     clean = clean.removesuffix("_fsdp_wrapped_module").rstrip(".")
-                    _fsdp1_names[inner] = clean or root_name
+                    _fsdp1_names[inner] = f"{root_name}.{clean}" if clean else root_name  # a full path
             handle = getattr(self, "_handle", None)
             attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, sum(unsharded.values()))]
             if handle is not None:

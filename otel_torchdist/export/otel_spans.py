@@ -116,6 +116,8 @@ class TracerSink(Sink):
         self.tracer = tracer_provider.get_tracer(n.SCOPE_NAME, __version__, attributes=scope_attributes)
         # Which rank and run a span is from, on every span: the Resource is the application's.
         self.identity = tuple((k, scope_attributes[k]) for k in (n.RANK, n.RUN_ID) if k in scope_attributes)
+        self.rank = scope_attributes.get(n.RANK)
+        self._names: dict[str, str] = {}
         own = getattr(self.tracer, "id_generator", None)
         self.ids: ChosenIds | None = None
         if own is not None and callable(getattr(own, "generate_span_id", None)):
@@ -147,8 +149,11 @@ class TracerSink(Sink):
             ids.trace_id = 0 if s.parent_span_id else s.trace_id
             ids.span_id = s.span_id
         links = [Link(SpanContext(t, sp, is_remote=True, trace_flags=_SAMPLED), dict(a)) for t, sp, a in s.links]
+        name = self._names.get(s.name)
+        if name is None:
+            name = self._names[s.name] = n.exported_span_name(s.name, self.rank)
         span = self.tracer.start_span(
-            s.name, ctx, SpanKind.INTERNAL, attributes, links, start_time=s.start_ns, record_exception=False
+            name, ctx, SpanKind.INTERNAL, attributes, links, start_time=s.start_ns, record_exception=False
         )
         if ids is not None:
             ids.trace_id = ids.span_id = 0  # a tracer that made no span (not recording) took neither

@@ -35,14 +35,23 @@ def _scope_body() -> bytes:
     return _scope_pb
 
 
-_name_pb: dict[str, bytes] = {}
+_name_pb: dict[str, bytes] = {}  # a span's name -> its encoding as exported (the rank in it: name_spans_for_rank)
+_rank: list[int | None] = [None]
+
+
+def name_spans_for_rank(rank: int | None) -> None:
+    """Spans encoded from now on carry ``rank`` in their names (names.exported_span_name)."""
+    if _rank[0] != rank:
+        _rank[0] = rank
+        _name_pb.clear()  # in place: the native encoder holds these dicts
+        _name_json.clear()
 
 
 def span_pb(s: SpanData) -> bytes:
     """One span, encoded as the ``spans`` field of ``ScopeSpans`` (a fragment of a request)."""
     name = _name_pb.get(s.name)
     if name is None:
-        name = _name_pb[s.name] = wire.length_delimited(5, s.name.encode())
+        name = _name_pb[s.name] = wire.length_delimited(5, n.exported_span_name(s.name, _rank[0]).encode())
     parts = [
         b"\x0a\x10" + s.trace_id.to_bytes(16, "big") + b"\x12\x08" + s.span_id.to_bytes(8, "big"),
         b"\x22\x08" + s.parent_span_id.to_bytes(8, "big") if s.parent_span_id else b"",
@@ -119,7 +128,7 @@ def span_json(s: SpanData) -> str:
     attrs += wire.attributes_json(s.attributes)
     name = _name_json.get(s.name)
     if name is None:
-        name = _name_json[s.name] = json.dumps(s.name)
+        name = _name_json[s.name] = json.dumps(n.exported_span_name(s.name, _rank[0]))
     out = '{"traceId":"%032x","spanId":"%016x",%s"flags":%d,"name":%s,"kind":1,"startTimeUnixNano":"%d","endTimeUnixNano":"%d","attributes":[%s]' % (
         s.trace_id,
         s.span_id,
