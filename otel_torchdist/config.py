@@ -270,6 +270,13 @@ class Config:
     """Root of the run folders: each run writes ``<run_dir>/<run id>/`` (resource, Prometheus targets,
     summary, and the OTLP JSON lines of the file exporters). Env: ``OTEL_TORCHDIST_RUN_DIR``."""
 
+    run_folder_copy: bool = True
+    """Keep the run's telemetry in the run folder whatever the exporters: the traced steps' spans and the
+    metrics (``traces.rank<R>.jsonl``, ``metrics.rank<R>.jsonl``, bounded by ``file_max_bytes``), so that
+    ``otel-torchdist analyze``, ``compare`` and ``plot`` work on every run, one sent to a stack or through
+    an application's providers included. False: only the exporters named receive it. Env:
+    ``OTEL_TORCHDIST_RUN_FOLDER_COPY``."""
+
     file_max_bytes: int = 256 << 20
     """Largest size of each JSON-lines file in the run folder (``traces.rank<R>.jsonl``,
     ``metrics.rank<R>.jsonl``), in bytes; 0 = no limit. A file that would grow past it is renamed to
@@ -439,7 +446,7 @@ class Config:
         if self.node_name is not None:
             _check_run_id("node_name", self.node_name)
         _seconds("node_metrics_interval", self.node_metrics_interval, MIN_INTERVAL_S)
-        for name in ("system_metrics",):
+        for name in ("system_metrics", "run_folder_copy"):
             if not isinstance(getattr(self, name), bool):
                 raise OptionError(name, f"must be True or False, got {getattr(self, name)!r}")
         for name in ("system_interval", "warn_gpu_utilization_window"):
@@ -847,6 +854,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "NATIVE", "native", _parse_choice(NATIVE_MODES)),
     (PREFIX + "LOG_LEVEL", "log_level", lambda raw: _parse_choice(tuple(x.lower() for x in LOG_LEVELS))(raw).upper()),
     (PREFIX + "SYSTEM_METRICS", "system_metrics", _parse_bool),
+    (PREFIX + "RUN_FOLDER_COPY", "run_folder_copy", _parse_bool),
     (PREFIX + "SYSTEM_INTERVAL_MS", "system_interval", _parse_ms),
     (PREFIX + "WARN_GPU_UTILIZATION", "warn_gpu_utilization", _parse_float),
     (PREFIX + "WARN_GPU_UTILIZATION_WINDOW_MS", "warn_gpu_utilization_window", _parse_ms),

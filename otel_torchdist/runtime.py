@@ -231,7 +231,8 @@ class Runtime:
             labels[n.M_RANK] = str(ident.rank)
         providers = self.providers = _providers.choose(*self.given, global_meter=cfg.global_meter_provider)
         span_sinks, metric_sinks = _sinks.build(
-            cfg, folder, ident.rank, traces=providers.tracer_provider is None, metrics=providers.meter_provider is None
+            cfg, folder, ident.rank, traces=providers.tracer_provider is None, metrics=providers.meter_provider is None,
+            copy=self.folder is not None,
         )
         # Exporters installed for the SDK that OTEL_*_EXPORTER names (a vendor's): through SDK providers of
         # the library's own, with this rank's resource.

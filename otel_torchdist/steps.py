@@ -649,17 +649,18 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         pipeline.add_span(root_span)
     from .spans import new_span_id
 
-    backward = info["backward"]
-    if backward:
-        first = min(a for a, _ in backward)
-        if first > t0:
+    # Each backward pass, and before it the forward that led to it: the time since the step began or since
+    # the previous backward ended (gradient accumulation: one forward and backward per micro-batch).
+    end = t0
+    for a, b in sorted(info["backward"]):
+        if a > end:
             pipeline.add_span(
-                SpanData(n.SPAN_PHASES["forward"], trace, new_span_id(), rank_span, t0 + off, first + off, [(n.PHASE_NAME, "forward")])
+                SpanData(n.SPAN_PHASES["forward"], trace, new_span_id(), rank_span, end + off, a + off, [(n.PHASE_NAME, "forward")])
             )
-        for a, b in backward:
-            pipeline.add_span(
-                SpanData(n.SPAN_PHASES["backward"], trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
-            )
+        pipeline.add_span(
+            SpanData(n.SPAN_PHASES["backward"], trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
+        )
+        end = max(end, b)
 
 
 SLOW_STEP_MIN_EXCESS = 0.1  # seconds a slow step must exceed the median by, besides the factor

@@ -7,6 +7,8 @@ runs the same through global providers in real multi-process gloo jobs.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 import torch.distributed as dist
@@ -341,3 +343,38 @@ def test_a_span_processor_that_raises_costs_its_spans_counted_not_training(fake_
     names = [_name(s) for s in spans.get_finished_spans()]
     assert names.count("all_reduce") == 2  # the others went through
     assert health.drops()["span"] == 2 and health.errors()["export"] == 2
+
+
+@pytest.mark.parametrize("route", ["providers", "dead endpoint"])
+def test_the_run_folder_keeps_a_copy_whatever_the_exporters(fake_pg, instrumented, route):
+    """Telemetry sent elsewhere (an application's providers; an OTLP endpoint that is down) is still in the
+    run folder, so the run can be analysed locally."""
+    from otel_torchdist.analysis import analyze_path
+
+    if route == "providers":
+        tp, mp, spans, _ = _providers()
+        folder = instrumented(tracer_provider=tp, meter_provider=mp, traces_exporter="none", metrics_exporter="none")
+    else:
+        folder = instrumented(
+            endpoint="http://127.0.0.1:9", traces_exporter=None, metrics_exporter=None, flush_timeout=1.0,
+            timeout=0.5,
+        )  # fmt: skip
+    _steps(3)
+    otel_torchdist.uninstrument()
+    if route == "providers":
+        assert spans.get_finished_spans()  # the providers got theirs
+    report = analyze_path(folder)
+    counts = {r.op: r.count for r in report.ops.rows}
+    assert counts["all_reduce"] == 3 and counts["broadcast"] == 3
+    assert len(report.steps.rows) == 3 and report.run.metric_snapshots >= 1
+
+
+def test_the_run_folder_copy_can_be_turned_off(fake_pg, instrumented):
+    tp, mp, spans, _ = _providers()
+    folder = instrumented(tracer_provider=tp, meter_provider=mp, traces_exporter="none", metrics_exporter="none",
+                          run_folder_copy=False)  # fmt: skip
+    _steps(2)
+    otel_torchdist.uninstrument()
+    assert spans.get_finished_spans()
+    assert not os.path.exists(f"{folder}/traces.rank0.jsonl") and not os.path.exists(f"{folder}/metrics.rank0.jsonl")
+    assert os.path.exists(f"{folder}/summary.rank0.json")  # the summary is written as before

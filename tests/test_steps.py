@@ -586,3 +586,66 @@ def test_summary_keeps_the_set_up_step_apart_and_gives_a_median(fake_pg, instrum
     assert stats["mean_step_s"] > stats["median_step_s"]  # the slow step is in the mean, set-up is not
     (line,) = step_lines(stats)
     assert line.startswith("steps: 9 (step 1, with set-up, took ") and "; a step takes " in line and "(median of the last 8)" in line
+
+
+@pytest.mark.parametrize("optimizer", ["SGD", "LBFGS"])
+def test_a_closure_passed_to_the_optimizer_is_the_steps_forward_and_backward(fake_pg, instrumented, optimizer):
+    """Lightning calls optimizer.step(closure), LBFGS re-evaluates through it: the closure's collectives
+    belong to the training step in their own phases, not to the optimizer, and the phases cover it."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id=f"closure-{optimizer}")
+    model = torch.nn.Linear(4, 1)
+    opt = getattr(torch.optim, optimizer)(model.parameters(), lr=0.01, **({"max_iter": 3} if optimizer == "LBFGS" else {}))
+
+    def closure():
+        opt.zero_grad()
+        loss = model(torch.ones(8, 4)).square().mean()
+        dist.all_reduce(loss.detach().clone())  # self.log(sync_dist=True)
+        loss.backward()
+        return loss
+
+    for _ in range(3):
+        opt.step(closure)
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    by_id = {s["spanId"]: s for s in spans}
+    colls = [s for s in spans if s["name"] == "all_reduce"]
+    assert len(colls) >= 3
+    for c in colls:
+        assert c["attributes"][n.COLL_PHASE] != "optimizer"
+        assert by_id[c["parentSpanId"]]["name"] == n.SPAN_RANK_STEP  # not the optimizer.step span
+    for step in (s for s in spans if s["name"] == n.SPAN_RANK_STEP and s["attributes"][n.STEP] in (2, 3)):
+        children = [s for s in spans if s.get("parentSpanId") == step["spanId"]]
+        names = {s["name"] for s in children}
+        assert {"train.forward", "train.backward", "optimizer.step"} <= names
+        (opt_span,) = [s for s in children if s["name"] == "optimizer.step"]
+        first_backward = min(int(s["startTimeUnixNano"]) for s in children if s["name"] == "train.backward")
+        assert int(opt_span["startTimeUnixNano"]) > first_backward  # begins after its closure's first return
+    assert trace_layout_problems(spans) == []
+
+
+def test_gradient_accumulation_gives_every_micro_batch_its_forward_and_backward(fake_pg, instrumented):
+    import torch
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="accumulation")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for _ in range(3):
+        for _micro in range(2):
+            model(torch.ones(8, 4)).square().mean().backward()
+        opt.step()
+        opt.zero_grad()
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    for step in (s for s in spans if s["name"] == n.SPAN_RANK_STEP and s["attributes"][n.STEP] in (2, 3)):
+        phases = sorted(
+            (int(s["startTimeUnixNano"]), s["name"]) for s in spans
+            if s.get("parentSpanId") == step["spanId"] and s["name"] in n.SPAN_PHASES.values()
+        )  # fmt: skip
+        assert [name for _, name in phases] == ["train.forward", "train.backward"] * 2

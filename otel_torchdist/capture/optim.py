@@ -81,13 +81,16 @@ class _Running:
     attribute of a threading.local is a dictionary lookup). What the step's span needs is kept in slots,
     not in tuples: each tuple a step makes is one more object for the garbage collector to count."""
 
-    __slots__ = ("depth", "frame", "token", "optimizer", "inner", "user", "step", "trace", "span", "parent", "t_start")
+    __slots__ = (
+        "depth", "frame", "token", "optimizer", "inner", "user", "step", "trace", "span", "parent", "t_start", "closures"
+    )
 
     def __init__(self) -> None:
         self.depth = 0
         self.frame = self.token = self.optimizer = self.inner = self.user = self.step = None
         self.trace = self.span = self.parent = None
         self.t_start = 0
+        self.closures: list[tuple[int, int]] = []
 
 
 def _encloses(outer: Any, frame: Any) -> bool:
@@ -127,10 +130,40 @@ def _pre(optimizer, args, kwargs) -> None:
         tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
         st.frame, st.token, st.optimizer, st.inner, st.user, st.step = caller, fw, optimizer, None, user, step
         st.trace, st.span, st.parent = trace, span, parent
+        if st.closures:
+            st.closures = []
         st.t_start = perf_counter_ns()
+        # The hook's args are the step's own, the optimizer first: step(self, closure=None).
+        closure = args[1] if len(args) > 1 else kwargs.get("closure")
+        if callable(closure):
+            return _with_closure(st, closure, args, kwargs)
     except Exception as exc:
         health.error("optimizer", "could not start an optimizer.step record", exc)
-    # None: returning a value from a pre-hook would replace the step's arguments.
+    return None  # a value returned from a pre-hook replaces the step's arguments
+
+
+def _with_closure(st: _Running, closure: Any, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+    """``optimizer.step(closure)`` (Lightning, LBFGS): the closure runs the forward and backward passes, which
+    are the training step's, not the optimizer's. While it runs, the context is the one outside the step
+    (its collectives are children of the training step, in their own phases); its calls are timed, and the
+    optimizer.step span begins when the first returns."""
+    token = st.token
+
+    @functools.wraps(closure)
+    def closure_of_the_step(*a: Any, **k: Any) -> Any:
+        tls = R.TLS
+        inside = tls.ctx
+        tls.ctx = token
+        t0 = perf_counter_ns()
+        try:
+            return closure(*a, **k)
+        finally:
+            st.closures.append((t0, perf_counter_ns()))
+            tls.ctx = inside
+
+    if len(args) > 1:
+        return (args[0], closure_of_the_step, *args[2:]), kwargs
+    return args, {**kwargs, "closure": closure_of_the_step}
 
 
 def _post(optimizer, args, kwargs) -> None:
@@ -155,6 +188,9 @@ def _post(optimizer, args, kwargs) -> None:
             seen.params = sum(p.numel() for g in groups for p in g["params"])
             seen.groups = len(groups)
         t_start = st.t_start
+        if st.closures:  # the optimizer's own work, after its closure (forward and backward) first returned
+            t_start = st.closures[0][1]
+            st.closures = []
         in_backward = _graph_task_id() != -1
         on_step = closer[0]
         close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward, optimizer)

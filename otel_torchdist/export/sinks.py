@@ -583,13 +583,19 @@ def _read(path: str | None) -> bytes | None:
         return f.read()
 
 
-def build(cfg: Config, folder: str, rank: int, traces: bool = True, metrics: bool = True) -> tuple[list[Sink], list[Sink]]:
+def build(
+    cfg: Config, folder: str, rank: int, traces: bool = True, metrics: bool = True, copy: bool = False
+) -> tuple[list[Sink], list[Sink]]:
     """The span sinks and metric sinks ``cfg`` asks for (``traces`` / ``metrics`` False: none for that
-    signal, which goes through a provider of the application's instead)."""
+    signal, which goes through a provider of the application's instead), and the run folder's copy of both
+    (``run_folder_copy``) when ``copy`` (the folder exists)."""
     span_sinks: list[Sink] = []
     metric_sinks: list[Sink] = []
     traces = cfg.resolved_traces_exporter() if traces else ()
     metrics = cfg.resolved_metrics_exporters() if metrics else ()
+    if cfg.run_folder_copy and copy:
+        traces = tuple(dict.fromkeys((*traces, "file")))
+        metrics = tuple(dict.fromkeys((*metrics, "file")))
     if "otlp" in traces:
         proto = cfg.traces_protocol or cfg.protocol
         span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
