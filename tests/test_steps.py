@@ -556,7 +556,7 @@ def test_no_two_steps_share_ids_however_they_are_numbered(tmp_path_factory):
     assert repeats == [0, 0, 1, 1, 2, 2, 3, 3, 4, 4]  # set-up, epoch 1, eval, epoch 2, the 1-based run
     report = analyze_path(folder, noise_level=1)
     assert len(report.steps.rows) == steps
-    assert "first" in report.steps.step_time_from  # the set-up step is told apart
+    assert "(step 1, which holds set-up, left out)" in report.steps.step_time_from  # the set-up step told apart
 
 
 def test_summary_keeps_the_set_up_step_apart_and_gives_a_median(fake_pg, instrumented):

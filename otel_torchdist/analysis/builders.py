@@ -769,7 +769,7 @@ class Analyzer:
         if from_traces:
             source = (
                 f"steps: {n_steps} traced train.rank_step spans per rank"
-                + (" (the first step, which holds set-up, left out)" if first is not None else "")
+                + (f" (step {first[0]}, which holds set-up, left out)" if first is not None else "")
                 + "; totals: metrics (every step)"
             )
         elif totals:
@@ -894,7 +894,7 @@ class Analyzer:
         step_compute = step_wait = None
         if len(usable) >= 3:
             step_time = statistics.median(r.duration_s for r in usable)
-            step_from = f"median of {len(usable)} traced steps" + (" (the first left out)" if first is not None else "")
+            step_from = f"median of {len(usable)} traced steps" + (f" (step {first[0]}, which holds set-up, left out)" if first is not None else "")
             # The split over the same steps and by the same statistic, so that it reads against the step
             # time: a mean that took in the first step's set-up could exceed the step itself.
             comp = [r.mean_compute_s for r in usable if r.mean_compute_s is not None]

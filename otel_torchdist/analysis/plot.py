@@ -201,19 +201,21 @@ def _heatmap(report: Report, out: str) -> str:
             if c.wait_s is not None and c.duration_s > 0:
                 wait[index[c.rank], j] = c.wait_s / c.duration_s * 100
     fig = _figure(min(16, max(6, 0.25 * len(rows) + 3)), 2.5 + 0.6 * len(ranks) * 2)
-    # The color scale spans the steady-state steps alone (the first step holds set-up, often 50x a step,
-    # and from 0: a 60 +- 5 ms run would be one flat color). Cells outside the scale are clipped, and said so.
+    # The color scale spans the bulk of the steady-state steps: from the fastest to the 95th percentile,
+    # the set-up step and the rare slow ones (a new model's first step) clipped above it and named, since
+    # one 50x step on a scale from 0 would leave every other step the same dark color.
     steady_cols = [j for j, r in enumerate(rows) if not r.setup] or list(range(len(rows)))
-    steady = step_ms[:, steady_cols]
-    finite = steady[np.isfinite(steady)]
-    low, high = (float(finite.min()), float(finite.max())) if finite.size else (None, None)
+    finite = step_ms[:, steady_cols][np.isfinite(step_ms[:, steady_cols])]
+    low, high = (float(finite.min()), float(np.percentile(finite, 95))) if finite.size else (None, None)
     if low is not None and high - low < 1e-3:
         low, high = low * 0.9, high * 1.1 + 1e-3
-    outside = [] if low is None else [rows[j].step for j in range(len(rows)) if np.nanmax(step_ms[:, j]) > high * 1.0001]
-    step_title = "step time (ms)" if low is None else f"step time (ms), color scale {low:.1f}..{high:.1f} ms"
-    if outside:
-        setup = [r.step for r in rows if r.setup]
-        step_title += f"; clipped above it: step {fmt_ranks(outside)}" + (" (set-up: step %d)" % setup[0] if setup and setup[0] in outside else "")
+    step_title = "step time (ms)"
+    if low is not None:
+        step_title += f", color scale {low:.1f}..{high:.1f} ms"
+        above = [j for j in range(len(rows)) if np.nanmax(step_ms[:, j]) > high * 1.0001]
+        if above:
+            names = ", ".join(f"{rows[j].step}" + (" (set-up)" if rows[j].setup else "") for j in above[:8])
+            step_title += f"; above it, clipped: step {names}" + (f" and {len(above) - 8} more" if len(above) > 8 else "")
     for k, (data, title, cmap, bottom, top) in enumerate(
         (
             (step_ms, step_title, "viridis", low, high),

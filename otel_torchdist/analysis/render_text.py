@@ -167,8 +167,8 @@ def stragglers(table: Stragglers, noise_level: int = 0) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- steps
 def _step_label(r) -> str:
-    """``12``; ``12#2`` for the third step numbered 12 (numbering restarted); ``1 set-up`` for the set-up step."""
-    return f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") + (" set-up" if r.setup else "")
+    """``12``; ``12#2`` for the third step numbered 12 (numbering restarted); ``1*`` for the set-up step."""
+    return f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") + ("*" if r.setup else "")
 
 
 def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
@@ -203,6 +203,8 @@ def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
                 lines.append(f"  {'':>6}   step/compute/wait ms: {cells}")
         if len(shown) < len(rows):
             lines.append(f"  ({len(rows) - len(shown)} steps not shown: the first 10 and the 5 slowest are; --noise-level 1 shows all)")
+        if any(r.setup for r in shown):
+            lines.append("  * holds the ranks' set-up (imports, initialisation, building the model): left out of the medians")
         lines.append(
             "  comm = mean wait / mean step time; async = share of collective time in async collectives (can overlap "
             "compute); slowest = most compute"
