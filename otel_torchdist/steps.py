@@ -67,28 +67,39 @@ _prefixes: dict[str, Any] = {}
 
 class Occurrences:
     """How many times each step number was begun before on this rank, in memory that grows with the
-    numbering's jumps, not with the steps: level k holds, as merged intervals, the numbers begun k + 1
-    times. A loop counting up extends one interval; an epoch that restarts at 0 opens a level."""
+    numbering's jumps, not with the steps: level k holds, as merged intervals, the numbers begun more than k
+    times, so each level lies inside the one below and a number's count is found by bisecting the levels.
+    A loop counting up extends one interval; an epoch that restarts at 0 opens a level."""
 
-    __slots__ = ("levels",)
+    __slots__ = ("levels", "hint")
 
     def __init__(self) -> None:
         self.levels: list[list[list[int]]] = []
+        self.hint = 0  # the level the previous number went to: the next one usually follows it there
 
     def add(self, index: int) -> int:
         """Count one more beginning of step ``index``; returns how many there were before it."""
-        for k, intervals in enumerate(self.levels):
-            last = intervals[-1]
-            if index == last[1] + 1:  # counting up: the common case, one comparison
-                last[1] = index
+        levels = self.levels
+        k = self.hint
+        if k < len(levels):
+            last = levels[k][-1]
+            if index == last[1] + 1 and (k == 0 or _holds(levels[k - 1], index)):
+                last[1] = index  # counting up: the common case
                 return k
-            i = bisect.bisect_right(intervals, [index, float("inf")]) - 1
-            if i >= 0 and intervals[i][0] <= index <= intervals[i][1]:
-                continue  # begun at this level already: look one level up
-            self._insert(intervals, i, index)
-            return k
-        self.levels.append([[index, index]])
-        return len(self.levels) - 1
+        lo, hi = 0, len(levels)
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if _holds(levels[mid], index):
+                lo = mid + 1
+            else:
+                hi = mid
+        if lo == len(levels):
+            levels.append([[index, index]])
+        else:
+            intervals = levels[lo]
+            self._insert(intervals, bisect.bisect_right(intervals, [index, _INF]) - 1, index)
+        self.hint = lo
+        return lo
 
     @staticmethod
     def _insert(intervals: list[list[int]], i: int, index: int) -> None:
@@ -104,6 +115,14 @@ class Occurrences:
             after[0] = index
         else:
             intervals.insert(i + 1, [index, index])
+
+_INF = float("inf")
+
+
+def _holds(intervals: list[list[int]], index: int) -> bool:
+    i = bisect.bisect_right(intervals, [index, _INF]) - 1
+    return i >= 0 and intervals[i][0] <= index <= intervals[i][1]
+
 
 _TAKEOVER = "takeover"  # what _closes returns (true) when another optimizer takes the lead
 TAKEOVER_STEPS = 2  # in a row without the lead: a new phase (the lead replaced), or a WGAN critic (steps follow it)
