@@ -2,7 +2,9 @@
 time in collectives.
 
 **Steps.** By default an optimizer step closes a training step (the next begins right after it; the
-first begins when the rank's identity is known, so it includes set-up). ``with otel_torchdist.step():``
+first begins when the rank's identity is known, so it includes set-up). In a loop that fetches batches
+from a DataLoader, the step an optimizer step ends stays open until the next batch is fetched, so what
+the iteration does after ``optimizer.step()`` (a logged loss all-reduced) is in its step. ``with otel_torchdist.step():``
 (or ``step_begin()`` / ``step_end()``) marks steps explicitly, for loops without an optimizer; once a
 program does, optimizer steps stop closing steps.
 
@@ -196,6 +198,10 @@ class Intervals:
         self.folded += sum(b - a for a, b in old)
         self.folded_end = old[-1][1]
 
+    def latest_end(self) -> int:
+        ends = [b for _, b in self.tail] + [b for _, b in self.head]
+        return max(ends, default=self.folded_end or 0)
+
     def union_seconds(self, lo: int, hi: int) -> float:
         if self.folded_end is None and not self.head:  # nothing compacted: the common step
             return union_seconds(self.tail, lo, hi)
@@ -273,6 +279,11 @@ class StepTracker:
         self.exchange: Any = None
         self.roots: Any = None  # step_roots.StepRoots: the cross-rank root's times (world > 1)
         self.setup: tuple[int, float, float, float] | None = None  # the set-up step: number, duration, compute, wait
+        # A loop that fetches its batches from a DataLoader: an optimizer step leaves its training step open
+        # (pending: its end, and whether it was warm-up) until the next batch is fetched, so that what the
+        # iteration does after optimizer.step() (a logged loss all-reduced) stays in its step.
+        self.fetching = False
+        self.pending: tuple[int, bool] | None = None
         self._lock = threading.RLock()
         self._recent = _Recent(101)
         self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (_close_step)
@@ -296,12 +307,14 @@ class StepTracker:
 
     def close(self) -> None:
         with self._lock:
+            self._settle()
             if self.open:
                 self.end(final=True)
 
     def fail(self, etype: str, message: str) -> None:
         """An exception is ending the program: close the open step as failed (its span says why)."""
         with self._lock:
+            self.pending = None  # after its optimizer step, still its iteration: that step failed
             if self.open:
                 self.end(final=True, error=(etype, message))
 
@@ -323,6 +336,8 @@ class StepTracker:
         """``parent``: (trace id, span id, sampled) of the caller's span around an explicit step, whose child the
         rank's step span then is (in the caller's trace, linked to the step's shared root)."""
         with self._lock:
+            if self.pending is not None and source == "explicit":
+                self._settle(perf_counter_ns())  # explicit steps take over from an iteration's open step
             took_over = self.open and source == "explicit" and self.source == "optimizer" and (index is None or int(index) == self.index)
             if took_over:
                 # An explicit step numbered like the open optimizer-closed one (or not numbered) would share
@@ -403,7 +418,9 @@ class StepTracker:
         if close is not None:
             R.queue(close)
 
-    def _closing(self, t_end: int, final: bool, error: tuple[str, str] | None, warmup: bool) -> tuple | None:
+    def _closing(
+        self, t_end: int, final: bool, error: tuple[str, str] | None, warmup: bool, stretch: bool = False
+    ) -> tuple | None:
         """Mark the open step closed (lock held); returns the deferred entry of its close for the drain
         (see record.queue), or None when there is nothing to build (identity unknown, not attached)."""
         ctx = R.STEP[0]
@@ -418,7 +435,10 @@ class StepTracker:
         # Flat values only (the step context and the intervals are tuples of numbers): nothing for the
         # garbage collector to follow while the step waits for the drain.
         backward = self.backward
-        return (_CLOSE_STEP, ctx, self.t_start, t_end, self.source, user, tuple(backward) if backward else (), final, error, warmup)
+        return (
+            _CLOSE_STEP, ctx, self.t_start, t_end, self.source, user, tuple(backward) if backward else (), final, error,
+            warmup, stretch,
+        )  # fmt: skip
 
     def on_optimizer_step(self, first: bool, t_start: int, t_end: int, in_backward: bool, optimizer: Any = None) -> tuple | None:
         """An optimizer step ended: it closes the current training step (unless steps are explicit) and
@@ -435,11 +455,51 @@ class StepTracker:
         lock = self._lock
         lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
         try:
+            if self.fetching and self.open:
+                # The iteration goes on until the next batch is fetched (on_fetch closes it then).
+                close = self._closing(t_end, False, None, self.pending[1]) if self.pending is not None else None
+                if close is not None:  # two optimizer steps without a fetch between: the first ends here
+                    self._begin(self.index + 1, "optimizer", t_end)
+                self.pending = (t_end, first)
+                return close
             close = self._closing(t_end, False, None, first) if self.open else None
             self._begin(self.index + 1, "optimizer", t_end)
         finally:
             lock.release()
         return close
+
+    def on_fetch(self, t: int) -> None:
+        """A batch is being fetched from a DataLoader (training thread): the iteration an optimizer step
+        ended is over, its step closes now and the next begins."""
+        if not self.fetching:
+            self.fetching = True
+        if self.pending is None or self.explicit:
+            return
+        lock = self._lock
+        lock.acquire()
+        try:
+            pending, self.pending = self.pending, None
+            if pending is None or not self.open:
+                return
+            close = self._closing(t, False, None, pending[1])
+            self._begin(self.index + 1, "optimizer", t)
+        finally:
+            lock.release()
+        if close is not None:
+            R.queue(close)
+
+    def _settle(self, final_t: int | None = None) -> None:
+        """An optimizer step's training step still open (waiting for the next fetch) ends now, counted, as
+        explicit steps take over or the capture ends (lock held). At the end it is closed at its optimizer
+        step's end, stretched over the collectives it issued since (close_step), not over what the program
+        did after its last iteration."""
+        pending, self.pending = self.pending, None
+        if pending is None or not self.open:
+            return
+        t_end = pending[0] if final_t is None else final_t
+        close = self._closing(t_end, False, None, pending[1], stretch=final_t is None)
+        if close is not None:
+            R.queue(close)
 
     def _closes(self, optimizer: Any) -> Any:
         """Whether this optimizer's step ends the training step: the *lead*'s does, so that a GAN's two
@@ -508,7 +568,7 @@ _USER_KEYS = ("loss", "learning_rate", "samples", "tokens")
 
 
 @R.drained
-def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backward, final, error, warmup) -> None:
+def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backward, final, error, warmup, stretch) -> None:
     # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
     tracker.prepare_ids()
@@ -519,6 +579,8 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     if stats.opened > pipeline.closed_opened:
         pipeline.closed_opened = stats.opened
     intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
+    if stretch and count:  # the last iteration's step: over the collectives it issued after its optimizer step
+        t1 = max(t1, intervals.latest_end())
     duration = (t1 - t0) / 1e9 if t1 > t0 else 0.0
     wait = intervals.union_seconds(t0, t1) if count else 0.0
     if wait > duration:
@@ -738,7 +800,28 @@ def _wrap_backward(orig):
     return backward
 
 
+def _wrap_fetch(orig):
+    def __next__(self):
+        tracker = TRACKER[0]
+        if tracker is not None and (tracker.pending is not None or not tracker.fetching):
+            try:
+                tracker.on_fetch(perf_counter_ns())
+            except Exception as exc:
+                health.error("steps", "could not end a training step at a batch fetch", exc)
+        return orig(self)
+
+    __next__.__wrapped__ = orig
+    __next__.__doc__ = orig.__doc__
+    return __next__
+
+
 def patches() -> list[Patch]:
     import torch.autograd
+    from torch.utils.data import dataloader
 
-    return [Patch(torch.autograd, "backward", _wrap_backward)]
+    return [
+        Patch(torch.autograd, "backward", _wrap_backward),
+        # Every DataLoader iterator (single- and multi-process, and the loaders Lightning, Accelerate and
+        # transformers wrap) fetches through the base class's __next__: an iteration's first act.
+        Patch(dataloader._BaseDataLoaderIter, "__next__", _wrap_fetch),
+    ]

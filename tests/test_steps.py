@@ -649,3 +649,41 @@ def test_gradient_accumulation_gives_every_micro_batch_its_forward_and_backward(
             if s.get("parentSpanId") == step["spanId"] and s["name"] in n.SPAN_PHASES.values()
         )  # fmt: skip
         assert [name for _, name in phases] == ["train.forward", "train.backward"] * 2
+
+
+def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_pg, instrumented):
+    """A DataLoader loop that all-reduces its loss for logging after opt.step(): that all-reduce is in the
+    same step as the optimizer step, the step ends when the next batch is fetched, and the last iteration's
+    step covers its tail without the time after the loop."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="tail")
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(16, 4)), batch_size=4)
+    for (x,) in loader:
+        loss = model(x).square().mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        dist.all_reduce(loss.detach().clone())  # logged after the step
+    time.sleep(0.3)  # after the loop: no step's time
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = {s["spanId"]: s for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    logged = [s for s in spans if s["name"] == "all_reduce"]
+    assert len(logged) == 4
+    for c in logged:
+        (opt_span,) = [s for s in spans if s.get("parentSpanId") == c["parentSpanId"] and s["name"] == "optimizer.step"]
+        assert c["parentSpanId"] in steps  # in the step of the optimizer step it followed
+        assert int(c["startTimeUnixNano"]) >= int(opt_span["endTimeUnixNano"])
+    assert sorted(s["attributes"][n.STEP] for s in steps.values()) == [1, 2, 3, 4]
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 4
+    last = max(steps.values(), key=lambda s: s["attributes"][n.STEP])
+    assert (int(last["endTimeUnixNano"]) - int(last["startTimeUnixNano"])) / 1e9 < 0.25
+    assert trace_layout_problems(spans) == []
