@@ -27,6 +27,7 @@ from . import health, logs, signals, step_roots, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
+from .capture import dataloader as dataloader_capture
 from .config import Config
 from .export import node as _node
 from .export import otlp
@@ -51,6 +52,7 @@ def _framework_captures():
         ("DTensor", dtensor, "torch.distributed.tensor"),
         ("distributed checkpoint", checkpoint, "torch.distributed.checkpoint"),
         ("steps", steps, None),
+        ("DataLoader", dataloader_capture, None),
     )
 
 
@@ -296,6 +298,7 @@ class Runtime:
             self.steps.roots = self.roots
             self.roots.start()
         self.steps.attach(self.pipeline, ident.trace_key, ident.rank, ident.world_size)
+        dataloader_capture.FETCH[0] = self.steps.on_fetch
         self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
         self.pipeline.metric_sources.append(self.watchdog.metric_data)
         self.watchdog.start()
@@ -428,6 +431,7 @@ class Runtime:
                 hooks.remove(fn)
         if optim.closer[0] == self.steps.on_optimizer_step:
             optim.closer[0] = None
+        dataloader_capture.FETCH[0] = None
         self.steps.close()
         steps.TRACKER[0] = None
         for part in (self.watchdog, self.exchange):

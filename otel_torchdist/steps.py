@@ -800,28 +800,7 @@ def _wrap_backward(orig):
     return backward
 
 
-def _wrap_fetch(orig):
-    def __next__(self):
-        tracker = TRACKER[0]
-        if tracker is not None and (tracker.pending is not None or not tracker.fetching):
-            try:
-                tracker.on_fetch(perf_counter_ns())
-            except Exception as exc:
-                health.error("steps", "could not end a training step at a batch fetch", exc)
-        return orig(self)
-
-    __next__.__wrapped__ = orig
-    __next__.__doc__ = orig.__doc__
-    return __next__
-
-
 def patches() -> list[Patch]:
     import torch.autograd
-    from torch.utils.data import dataloader
 
-    return [
-        Patch(torch.autograd, "backward", _wrap_backward),
-        # Every DataLoader iterator (single- and multi-process, and the loaders Lightning, Accelerate and
-        # transformers wrap) fetches through the base class's __next__: an iteration's first act.
-        Patch(dataloader._BaseDataLoaderIter, "__next__", _wrap_fetch),
-    ]
+    return [Patch(torch.autograd, "backward", _wrap_backward)]

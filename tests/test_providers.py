@@ -26,6 +26,8 @@ import otel_torchdist
 from otel_torchdist import TorchDistributedInstrumentor
 from otel_torchdist import names as n
 
+from .harness import read_spans
+
 RESOURCE = Resource({"service.name": "my-trainer", "team": "ml"})
 
 
@@ -78,10 +80,9 @@ def test_spans_and_metrics_go_through_the_given_providers(fake_pg, instrumented,
         assert s.resource.attributes["service.name"] == "my-trainer"
         assert s.attributes[n.RANK] == 0 and s.attributes[n.RUN_ID] == "unit"
         assert s.instrumentation_scope.name == n.SCOPE_NAME
-    # The run folder holds no traces or metrics of its own: they went to the providers.
-    import os
-
-    assert not [f for f in os.listdir(folder) if f.startswith(("traces.", "metrics."))]
+    # The run folder keeps only its copy (run_folder_copy): the same spans, for otel-torchdist analyze.
+    copied = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if s["name"] == "all_reduce"]
+    assert len(copied) == 3
 
     points = _points(reader)
     calls = _by_op(points[n.COLLECTIVE_CALLS.name])

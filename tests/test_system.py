@@ -272,14 +272,17 @@ def test_without_the_rank_label_metrics_keep_the_rest_in_order(fake_pg, instrume
             assert tuple(pt.attributes) == tuple(a for a in md.metric.attributes if a != "rank")
 
 
-def test_system_metrics_off_means_no_thread_and_no_patch(fake_pg, instrumented):
-    from torch.utils.data import dataloader
+def test_system_metrics_off_means_no_thread_and_no_timing(fake_pg, instrumented):
+    from torch.utils.data import DataLoader
 
-    before = dataloader._BaseDataLoaderIter.__dict__["__next__"]
+    from otel_torchdist.capture import dataloader as capture
+
     instrumented(system_metrics=False)
     assert not [c for c in runtime.current().components if isinstance(c, SystemTelemetry)]
     assert THREAD_NAME not in [t.name for t in threading.enumerate()]
-    assert dataloader._BaseDataLoaderIter.__dict__["__next__"] is before
+    capture.WAITS.clear()
+    assert len(list(DataLoader(list(range(8)), batch_size=2))) == 4
+    assert not capture.TIMED[0] and not capture.WAITS  # the batches end steps, but no wait is timed
 
 
 def test_fsdp_sharded_grad_scaler_is_patched_when_imported_and_restored(fake_pg, instrumented):

@@ -88,9 +88,9 @@ class SystemTelemetry(Component):
         self.waits = dataloader.DataloaderWait(rt.pipeline.bounds)
         amp.STATE.reset(self.cfg.system_interval)
         try:
-            self.patcher.apply(dataloader.patches() + amp.patches())
+            self.patcher.apply(amp.patches())
         except Exception as exc:
-            health.error("system", "could not patch the DataLoader and mixed-precision hooks", exc)
+            health.error("system", "could not patch the mixed-precision hooks", exc)
         if not self._visible:
             _log.info("otel-torchdist: no CUDA GPU visible to this process; GPU metrics off, process and host metrics on")
         self._host_resources = self._guarded("describe the host", process.describe) or {}
@@ -116,6 +116,8 @@ class SystemTelemetry(Component):
         if thread is not None:
             thread.join(JOIN_TIMEOUT)
         self.patcher.restore()
+        if self.waits is not None:
+            self.waits.stop()
         if self.rt is None:
             return
         amp.STATE.harvest()
