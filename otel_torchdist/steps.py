@@ -4,9 +4,9 @@ time in collectives.
 **Steps.** By default an optimizer step closes a training step (the next begins right after it; the
 first begins when the rank's identity is known, so it includes set-up). In a loop that fetches batches
 from a DataLoader, the step an optimizer step ends stays open until the next batch is fetched, so what
-the iteration does after ``optimizer.step()`` (a logged loss all-reduced) is in its step. ``with otel_torchdist.step():``
-(or ``step_begin()`` / ``step_end()``) marks steps explicitly, for loops without an optimizer; once a
-program does, optimizer steps stop closing steps.
+the iteration does after ``optimizer.step()`` (a logged loss all-reduced) is in its step.
+``with otel_torchdist.step():`` (or ``step_begin()`` / ``step_end()``) marks steps explicitly, for loops
+without an optimizer; once a program does, optimizer steps stop closing steps.
 
 **One trace per step.** Every rank derives step N's trace id, and the id of its root span, from the run
 id and N (SHA-256), so all ranks' spans of step N land in one trace without any communication: rank 0
@@ -117,6 +117,7 @@ class Occurrences:
             after[0] = index
         else:
             intervals.insert(i + 1, [index, index])
+
 
 _INF = float("inf")
 
