@@ -108,6 +108,11 @@ class Pipeline:
         self.framework = FrameworkMetrics(self.bounds)
         self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
         self.last_closed_step = 0
+        # Framework spans that collectives point at (an optimizer step, a redistribution) and their children
+        # that end after them: when each built one ended (span id -> end, epoch ns), and how late the
+        # children of one not built yet ended (emit.build stretches it over them).
+        self.framework_ends: dict[int, int] = {}
+        self.children_ends: dict[int, int] = {}
         self._opened = 0  # step stats opened so far (StepStats.opened)
         self.closed_opened = 0  # the latest StepStats.opened of a closed step
         self.step_tracker: Any = None  # the StepTracker whose steps' closes this drain runs (steps.py)
@@ -361,7 +366,25 @@ class Pipeline:
         exemplar = None
         if sampled and (stats is None or self.admit(stats, step, None, parent_span_id)):
             if (queued := self.queued_spans()) < self.cfg.span_queue_size or self._room():
+                outlived = None
+                if fw is not None and parent_span_id == fw[4] and step is not None and trace_id == step[1]:
+                    # An async collective the framework call issued and left in flight (DTensor's redistribute
+                    # returns before its all-reduce completes) would be drawn past its parent's end: a parent
+                    # not built yet is stretched over it; under one already out, it hangs from the training
+                    # step instead, linked to that call.
+                    end = self.framework_ends.get(parent_span_id)
+                    child_end = t1 + self.offset_ns
+                    if end is None:
+                        ends = self.children_ends
+                        if child_end > ends.get(parent_span_id, 0):
+                            if len(ends) >= 4096:
+                                ends.clear()
+                            ends[parent_span_id] = child_end
+                    elif child_end > end:
+                        outlived, parent_span_id = parent_span_id, step[2]
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
+                if outlived is not None:
+                    span.links = ((trace_id, outlived, ()),)
                 self._enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
                 if queued + 1 == self.cfg.span_batch_size:

@@ -167,10 +167,11 @@ def library_log():
 
 
 
-def trace_layout_problems(spans: list[dict[str, Any]]) -> list[str]:
+def trace_layout_problems(spans: list[dict[str, Any]], slack_ns: int = 0) -> list[str]:
     """What Jaeger's trace view would show wrong in these spans (all ranks' together): a span id twice in a
     trace, a parent that is not in the trace (an orphan: Jaeger's "invalid parent"), or a child that lies
-    outside its parent's interval (drawn past its end)."""
+    outside its parent's interval (drawn past its end) by more than ``slack_ns`` (Jaeger keeps
+    microseconds: 2 us)."""
     problems: list[str] = []
     by_id: dict[tuple[str, str], dict[str, Any]] = {}
     for s in spans:
@@ -188,7 +189,7 @@ def trace_layout_problems(spans: list[dict[str, Any]]) -> list[str]:
             continue
         start, end = int(s["startTimeUnixNano"]), int(s["endTimeUnixNano"])
         p_start, p_end = int(parent["startTimeUnixNano"]), int(parent["endTimeUnixNano"])
-        if start < p_start or end > p_end:
+        if start < p_start - slack_ns or end > p_end + slack_ns:
             problems.append(
                 f"{s.get('exported_name', s['name'])} [{start}, {end}] outside its parent "
                 f"{parent.get('exported_name', parent['name'])} [{p_start}, {p_end}] by "

@@ -15,7 +15,7 @@ import pytest
 
 from otel_torchdist import names as n
 
-from .harness import last_metrics, read_spans, run_ranks
+from .harness import last_metrics, read_spans, run_ranks, trace_layout_problems
 
 
 def _job(tmp_path_factory, scenario: str, ws: int, run_prefix: str, args: dict | None = None):
@@ -489,3 +489,17 @@ def test_ddp_with_its_own_mixed_precision_hook_is_recorded_not_refused(instrumen
     assert health.errors() == {}
     spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
     assert [s["name"] for s in spans].count(n.SPAN_DDP_INIT) == 1
+
+
+def _reads_right(job: dict) -> list[str]:
+    return trace_layout_problems([s for spans in job["spans"] for s in spans])
+
+
+def test_tensor_parallel_traces_read_right_in_jaeger(tp_job):
+    """No orphan, no span id twice, no child outside its parent, across ranks: DTensor's redistribute returns
+    before its all-reduce completes, and that all-reduce is still drawn inside a span that covers it."""
+    assert _reads_right(tp_job) == []
+
+
+def test_fsdp2_and_ddp_traces_read_right_in_jaeger(fsdp2_job, ddp_job):
+    assert _reads_right(fsdp2_job) == [] and _reads_right(ddp_job) == []

@@ -85,7 +85,15 @@ def build(pipeline, name, t_start, t_end, attributes, snap, opened, error, event
         attributes = attributes()
     off = pipeline.offset_ns
     start = t_start + off
-    span = SpanData(name, trace_id, span_id, parent, start, max(t_end + off, start), attributes, error=error)
+    end = max(t_end + off, start)
+    if opened is not None:  # over the collectives it issued that ended after it returned (Pipeline.process)
+        end = max(end, pipeline.children_ends.pop(span_id, 0))
+    span = SpanData(name, trace_id, span_id, parent, start, end, attributes, error=error)
     if events:
         span.events.extend(events)
+    if opened is not None:  # its later collectives are checked against its end
+        ends = pipeline.framework_ends
+        if len(ends) >= 4096:
+            ends.clear()
+        ends[span_id] = span.end_ns
     pipeline.add_span(span)

@@ -1,0 +1,129 @@
+"""The real stack on loopback: the Collector, Jaeger v2 and Prometheus built by deploy/build/build-stack.sh,
+run with deploy/'s own configuration files.
+
+Configurations are never copied by hand: ``transform`` takes a component's own file and changes host names
+and ports only (each ``host:port`` or ``port: N`` named in the mapping must occur, so a config that moves
+breaks the tests loudly instead of silently running something else).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import socket
+import subprocess
+import time
+import urllib.request
+from typing import Any
+
+from .harness import REPO
+
+BUILD = os.path.join(REPO, "deploy", "build", "build-stack.sh")
+BIN = os.environ.get("TORCHDIST_STACK_BIN", os.path.expanduser("~/.cache/otel-torchdist/stack/bin"))
+
+
+class NoGo(Exception):
+    """This machine has no Go toolchain: the components cannot be built."""
+
+
+def build(component: str = "all") -> str:
+    """Build (or find up to date) the components; returns the folder of the binaries."""
+    if shutil.which("go") is None:
+        raise NoGo("no Go toolchain on this machine (deploy/build/build-stack.sh needs one)")
+    done = subprocess.run(["bash", BUILD, component], capture_output=True, text=True, env={**os.environ, "TORCHDIST_STACK_BIN": BIN})
+    if done.returncode == 3:
+        raise NoGo(done.stderr.strip())
+    if done.returncode != 0:
+        raise RuntimeError(f"deploy/build/build-stack.sh {component} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return BIN
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def transform(text: str, endpoints: dict[str, str], ports: dict[int, int] | None = None) -> str:
+    """``text`` with each ``endpoints`` key (``host:port``, as written in the file) replaced by its value and
+    each ``port: N`` line of ``ports`` given the new port; every key must occur."""
+    for old, new in endpoints.items():
+        if old not in text:
+            raise ValueError(f"{old!r} is not in the configuration any more: the stack tests need updating")
+        text = text.replace(old, new)
+    for old_port, new_port in (ports or {}).items():
+        pattern = re.compile(rf"(\bport:\s*){old_port}\b")
+        if not pattern.search(text):
+            raise ValueError(f"'port: {old_port}' is not in the configuration any more: the stack tests need updating")
+        text = pattern.sub(rf"\g<1>{new_port}", text)
+    return text
+
+
+def get_json(url: str, timeout: float = 10) -> Any:
+    with urllib.request.urlopen(url, timeout=timeout) as response:
+        return json.loads(response.read())
+
+
+def wait_http(url: str, proc: subprocess.Popen, log: str, timeout: float = 60) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{proc.args[0]} exited ({proc.returncode}):\n{open(log).read()[-4000:]}")
+        try:
+            urllib.request.urlopen(url, timeout=2).read()
+            return
+        except Exception:
+            time.sleep(0.3)
+    raise RuntimeError(f"{url} did not answer within {timeout:.0f} s:\n{open(log).read()[-4000:]}")
+
+
+class Component:
+    """A built binary running with a configuration file in ``folder``, its output in ``<name>.log``."""
+
+    def __init__(self, name: str, argv: list[str], folder: str) -> None:
+        self.name = name
+        self.log = os.path.join(folder, f"{name}.log")
+        self.proc = subprocess.Popen(argv, stdout=open(self.log, "w"), stderr=subprocess.STDOUT, cwd=folder)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(20)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+
+
+def jaeger_default_config() -> str:
+    """Jaeger v2's own all-in-one configuration (what ``jaeger`` runs without ``--config``), from the
+    module the binary was built from."""
+    modcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
+    gomod = open(os.path.join(REPO, "deploy", "build", "jaeger", "go.mod")).read()
+    version = re.search(r"github.com/jaegertracing/jaeger (v\S+)", gomod).group(1)
+    return open(os.path.join(modcache, f"github.com/jaegertracing/jaeger@{version}", "cmd", "jaeger", "internal", "all-in-one.yaml")).read()
+
+
+def jaeger_spans(trace: dict) -> list[dict[str, Any]]:
+    """A trace of Jaeger's query API (``/api/traces``) as the test harness's span dicts (OTLP/JSON names),
+    attributes and process tags flattened, so ``harness.trace_layout_problems`` reads it."""
+    processes = {pid: {t["key"]: t["value"] for t in p.get("tags", [])} | {"service.name": p["serviceName"]}
+                 for pid, p in trace["processes"].items()}  # fmt: skip
+    out = []
+    for s in trace["spans"]:
+        parent = next((r["spanID"] for r in s.get("references", []) if r["refType"] == "CHILD_OF" and r["traceID"] == s["traceID"]), None)
+        start = int(s["startTime"]) * 1000  # Jaeger's microseconds
+        out.append({
+            "traceId": s["traceID"],
+            "spanId": s["spanID"],
+            "parentSpanId": parent,
+            "name": s["operationName"],
+            "exported_name": s["operationName"],
+            "startTimeUnixNano": start,
+            "endTimeUnixNano": start + int(s["duration"]) * 1000,
+            "attributes": {t["key"]: t["value"] for t in s.get("tags", [])},
+            "resource": processes[s["processID"]],
+        })  # fmt: skip
+    return out

@@ -1,0 +1,114 @@
+"""The real stack, end to end: the OpenTelemetry Collector (deploy/otel-collector/config.yaml) and Jaeger v2
+(its own all-in-one configuration), built from the Go module proxy by deploy/build/build-stack.sh and run on
+loopback, receive the demo's 2-rank training (DDP, FSDP2, tensor parallel) over OTLP/HTTP and over
+OTLP/gRPC; the traces are read back through Jaeger's query API. Skipped, with the reason, only on a machine
+without Go."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.parse
+
+import pytest
+
+from otel_torchdist import names as n
+
+from . import stack
+from .harness import REPO, trace_layout_problems
+
+QUERY = "http://127.0.0.1:16686"  # Jaeger's query API: its all-in-one default
+RUNS = {"stack-http": "http/protobuf", "stack-grpc": "grpc"}
+
+
+@pytest.fixture(scope="module")
+def traces(tmp_path_factory):
+    try:
+        stack.build("otelcol")
+        stack.build("jaeger")
+    except stack.NoGo as exc:
+        pytest.skip(str(exc))
+    folder = str(tmp_path_factory.mktemp("stack"))
+    jaeger_otlp = stack.free_port()
+    jaeger_config = stack.transform(
+        stack.jaeger_default_config(),
+        {"${env:JAEGER_LISTEN_HOST:-localhost}:4317": f"127.0.0.1:{jaeger_otlp}",
+         "${env:JAEGER_LISTEN_HOST:-localhost}:4318": f"127.0.0.1:{stack.free_port()}"},
+        {8888: stack.free_port()},
+    )  # fmt: skip
+    ports = {"grpc": stack.free_port(), "http": stack.free_port(), "health": stack.free_port()}
+    collector_config = stack.transform(
+        open(os.path.join(REPO, "deploy", "otel-collector", "config.yaml")).read(),
+        {"0.0.0.0:4317": f"127.0.0.1:{ports['grpc']}", "0.0.0.0:4318": f"127.0.0.1:{ports['http']}",
+         "jaeger:4317": f"127.0.0.1:{jaeger_otlp}", "0.0.0.0:8889": f"127.0.0.1:{stack.free_port()}",
+         "0.0.0.0:13133": f"127.0.0.1:{ports['health']}"},
+    )  # fmt: skip
+    for name, text in (("jaeger.yaml", jaeger_config), ("collector.yaml", collector_config)):
+        with open(os.path.join(folder, name), "w") as f:
+            f.write(text)
+    jaeger = stack.Component("jaeger", [os.path.join(stack.BIN, "jaeger"), "--config", os.path.join(folder, "jaeger.yaml")], folder)
+    collector = stack.Component(
+        "collector", [os.path.join(stack.BIN, "otelcol-torchdist"), "--config", os.path.join(folder, "collector.yaml")], folder
+    )
+    try:
+        stack.wait_http(f"{QUERY}/api/services", jaeger.proc, jaeger.log)
+        stack.wait_http(f"http://127.0.0.1:{ports['health']}/", collector.proc, collector.log)
+        for service, protocol in RUNS.items():
+            endpoint = f"http://127.0.0.1:{ports['grpc' if protocol == 'grpc' else 'http']}"
+            env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "SLURM_"))}
+            env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_SERVICE_NAME=service,
+                       OTEL_EXPORTER_PROMETHEUS_PORT="0", PYTHONPATH=REPO)  # fmt: skip
+            demo = subprocess.run(
+                [sys.executable, "-m", "otel_torchdist.cli", "demo", "--steps", "3", "--run-dir", os.path.join(folder, service)],
+                cwd=folder, env=env, capture_output=True, text=True, timeout=300,
+            )  # fmt: skip
+            assert demo.returncode == 0, demo.stderr[-3000:]
+        found = {}
+        deadline = time.monotonic() + 60
+        for service in RUNS:
+            while True:
+                query = urllib.parse.urlencode({"service": service, "limit": 1000, "lookback": "1h"})
+                data = stack.get_json(f"{QUERY}/api/traces?{query}")["data"]
+                roots = [t for t in data if any(s["operationName"] == n.SPAN_STEP for s in t["spans"])]
+                if len(roots) >= 9 or time.monotonic() > deadline:  # 3 models x 3 steps, traced by default
+                    found[service] = data
+                    break
+                time.sleep(1)
+        yield {"traces": found, "collector": collector}
+    finally:
+        collector.stop()
+        jaeger.stop()
+
+
+def test_jaeger_lists_each_run_as_a_service(traces):
+    services = stack.get_json(f"{QUERY}/api/services")["data"]
+    assert set(RUNS) <= set(services)
+
+
+@pytest.mark.parametrize("service", list(RUNS))
+def test_each_traced_step_is_one_trace_with_every_ranks_spans_and_reads_right(traces, service):
+    data = traces["traces"][service]
+    steps = [t for t in data if any(s["operationName"] == n.SPAN_STEP for s in t["spans"])]
+    assert len(steps) >= 9, f"{len(steps)} step traces in Jaeger"
+    for trace in steps:
+        spans = stack.jaeger_spans(trace)
+        ranks = {s["resource"].get(n.RANK) for s in spans if s["name"].startswith(n.SPAN_RANK_STEP)}
+        assert ranks == {0, 1}, ranks
+        # every row says its rank; the root is every rank's
+        assert all(s["name"] == n.SPAN_STEP or s["name"].endswith(f" rank={s['resource'][n.RANK]}") for s in spans)
+        assert trace_layout_problems(spans, slack_ns=2000) == []
+
+
+def test_searching_by_tag_finds_the_right_spans(traces):
+    for tags, check in (
+        ({n.COLL_OP: "all_reduce"}, lambda s: s["attributes"].get(n.COLL_OP) == "all_reduce"),
+        ({n.RANK: "1"}, lambda s: s["resource"].get(n.RANK) == 1),
+    ):
+        query = urllib.parse.urlencode({"service": "stack-grpc", "tags": json.dumps(tags), "limit": 50, "lookback": "1h"})
+        data = stack.get_json(f"{QUERY}/api/traces?{query}")["data"]
+        assert data, tags
+        for trace in data:
+            assert any(check(s) for s in stack.jaeger_spans(trace)), tags
