@@ -1,4 +1,4 @@
-"""The real stack on loopback: the Collector, Jaeger v2 and Prometheus built by deploy/build/build-stack.sh,
+"""The real stack on loopback: the Collector, Jaeger v2 and Prometheus built by deploy/from-source/build-stack.sh,
 run with deploy/'s own configuration files.
 
 Configurations are never copied by hand: ``transform`` takes a component's own file and changes host names
@@ -20,7 +20,7 @@ from typing import Any
 
 from .harness import REPO
 
-BUILD = os.path.join(REPO, "deploy", "build", "build-stack.sh")
+BUILD = os.path.join(REPO, "deploy", "from-source", "build-stack.sh")
 BIN = os.environ.get("TORCHDIST_STACK_BIN", os.path.expanduser("~/.cache/otel-torchdist/stack/bin"))
 
 
@@ -31,12 +31,12 @@ class NoGo(Exception):
 def build(component: str = "all") -> str:
     """Build (or find up to date) the components; returns the folder of the binaries."""
     if shutil.which("go") is None:
-        raise NoGo("no Go toolchain on this machine (deploy/build/build-stack.sh needs one)")
+        raise NoGo("no Go toolchain on this machine (deploy/from-source/build-stack.sh needs one)")
     done = subprocess.run(["bash", BUILD, component], capture_output=True, text=True, env={**os.environ, "TORCHDIST_STACK_BIN": BIN})
     if done.returncode == 3:
         raise NoGo(done.stderr.strip())
     if done.returncode != 0:
-        raise RuntimeError(f"deploy/build/build-stack.sh {component} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+        raise RuntimeError(f"deploy/from-source/build-stack.sh {component} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return BIN
 
 
@@ -101,7 +101,7 @@ def jaeger_default_config() -> str:
     """Jaeger v2's own all-in-one configuration (what ``jaeger`` runs without ``--config``), from the
     module the binary was built from."""
     modcache = subprocess.run(["go", "env", "GOMODCACHE"], capture_output=True, text=True, check=True).stdout.strip()
-    gomod = open(os.path.join(REPO, "deploy", "build", "jaeger", "go.mod")).read()
+    gomod = open(os.path.join(REPO, "deploy", "from-source", "jaeger", "go.mod")).read()
     version = re.search(r"github.com/jaegertracing/jaeger (v\S+)", gomod).group(1)
     return open(os.path.join(modcache, f"github.com/jaegertracing/jaeger@{version}", "cmd", "jaeger", "internal", "all-in-one.yaml")).read()
 

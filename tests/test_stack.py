@@ -1,5 +1,5 @@
 """The real stack, end to end: the OpenTelemetry Collector (deploy/otel-collector/config.yaml) and Jaeger v2
-(its own all-in-one configuration), built from the Go module proxy by deploy/build/build-stack.sh and run on
+(its own all-in-one configuration), built from the Go module proxy by deploy/from-source/build-stack.sh and run on
 loopback, receive the demo's 2-rank training (DDP, FSDP2, tensor parallel) over OTLP/HTTP and over
 OTLP/gRPC; the traces are read back through Jaeger's query API. Skipped, with the reason, only on a machine
 without Go."""
