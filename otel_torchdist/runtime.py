@@ -376,9 +376,19 @@ class Runtime:
         from torch.distributed import distributed_c10d as cd
 
         if group is None or group is cd._world.default_pg:
-            if self.exchange is not None:
-                self.exchange.stop()  # it talks to the store being destroyed
+            self._leave_store()  # its threads talk to the store being destroyed
             self.flush(self.end_budget())
+
+    def _leave_store(self) -> None:
+        """End the threads with a connection of their own to the process group's store (the straggler
+        exchange, the step roots) before the store can go away: a client blocked in a store that is destroyed
+        aborts the process. The last steps' times reach rank 0 first (and their roots go out); a root closed
+        later is emitted as rank 0 saw it."""
+        if self.exchange is not None:
+            self.exchange.stop()
+        if self.roots is not None:
+            self.pipeline.drain()
+            self.roots.stop(min(1.0, self.end_budget()))
 
     def end_budget(self) -> float:
         """Seconds the process's end may still wait for telemetry. Its end flushes (destroy_process_group()'s,
@@ -434,13 +444,9 @@ class Runtime:
         dataloader_capture.FETCH[0] = None
         self.steps.close()
         steps.TRACKER[0] = None
-        for part in (self.watchdog, self.exchange):
-            if part is not None:
-                part.stop()
-        if self.roots is not None:
-            # The last steps' times reach rank 0 (and their roots go out) before the final flush.
-            self.pipeline.drain()
-            self.roots.stop(min(1.0, self.end_budget()))
+        if self.watchdog is not None:
+            self.watchdog.stop()
+        self._leave_store()
         if self.watchdog is not None:
             # A rank told to stop while stuck in a collective: say which one, as unfinished.
             for rec in self.watchdog.blocking_in_flight():

@@ -20,7 +20,7 @@ from typing import Any
 
 from . import health
 from . import names as n
-from .stragglers import connect_store
+from .stragglers import connect_store, stop_worker
 
 WAIT = 5.0  # seconds rank 0 waits for the other ranks' times of one step
 POLL = 0.05
@@ -60,13 +60,7 @@ class StepRoots:
     def stop(self, wait: float) -> None:
         """Publish what is queued and emit the roots waiting, giving the other ranks up to ``wait`` seconds."""
         self._deadline = time.monotonic() + wait
-        self._stopping.set()
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=wait + 1.0)
+        stop_worker(self._thread, self._stopping, self._queue, wait + 1.0)
 
     # ----------------------------------------------------------------------------------- thread
     def _key(self, trace: int, rank: int) -> str:

@@ -60,6 +60,17 @@ def connect_store() -> Any:
     return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
 
 
+def stop_worker(thread: threading.Thread, stopping: threading.Event, work: queue.Queue, timeout: float) -> None:
+    """End a store thread fed by ``work``: flag it, wake it with ``None``, wait up to ``timeout`` seconds."""
+    stopping.set()
+    try:
+        work.put_nowait(None)
+    except queue.Full:
+        pass
+    if thread.is_alive() and thread is not threading.current_thread():
+        thread.join(timeout=timeout)
+
+
 class _Stopped(Exception):
     pass
 
@@ -107,13 +118,7 @@ class Exchange:
     def stop(self) -> None:
         """Ends the thread and its store connection before the store can go away (rank 0 hosts it, and a
         client blocked in it while it is destroyed aborts the process)."""
-        self._stopping.set()
-        try:
-            self._queue.put_nowait(None)
-        except queue.Full:
-            pass
-        if self._thread.is_alive() and self._thread is not threading.current_thread():
-            self._thread.join(timeout=2.0)
+        stop_worker(self._thread, self._stopping, self._queue, 2.0)
 
     def add_step(self, index: int, duration: float, compute: float, wait: float) -> None:
         """Called by the drain thread when a step closes."""

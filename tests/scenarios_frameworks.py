@@ -12,22 +12,15 @@ import torch.nn as nn
 
 import otel_torchdist
 
+from .scenarios_training import _instrument as _instrument_traced
+
 ACCUMULATE = 2
 OPTIMIZER_STEPS = 4
 BATCH = 8
 
 
 def _instrument(out: str, run_id: str) -> None:
-    otel_torchdist.instrument(
-        run_dir=os.path.join(out, "runs"),
-        run_id=run_id,
-        traces_exporter="file",
-        metrics_exporter=("file",),
-        summary="none",
-        system_metrics=False,
-        trace_every_steps=1,
-        straggler_exchange_steps=0,
-    )
+    _instrument_traced(out, run_id, straggler_exchange_steps=0)  # every step traced, to the run folder
 
 
 def _data(rank: int) -> torch.utils.data.TensorDataset:
