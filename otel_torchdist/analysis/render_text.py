@@ -179,14 +179,14 @@ def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
             f"  {'step':>6} {'ranks':>5} {'step ms':>9} {'compute ms':>11} {'wait ms':>9} {'comm':>6} {'async':>6} "
             f"{'colls':>6} {'slowest':>8}"
         )
-        shown = rows
+        keep = range(len(rows))
         if len(rows) > MAX_STEP_ROWS and noise_level < 1:
             slow = sorted(range(len(rows)), key=lambda i: -rows[i].duration_s)[:5]
-            keep = set(range(10)) | set(slow)
-            shown = [r for i, r in enumerate(rows) if i in keep]
+            keep = set(range(10)) | set(slow)  # row indices: step numbers may repeat
+        shown = [r for i, r in enumerate(rows) if i in keep]
         prev = None
         for i, r in enumerate(rows):
-            if r not in shown:
+            if i not in keep:
                 continue
             if prev is not None and i != prev + 1:
                 lines.append(f"  {'...':>6}")
