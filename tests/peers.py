@@ -211,7 +211,8 @@ def prometheus_binary() -> str | None:
 class Prometheus:
     """A real Prometheus on loopback with exemplar storage, scraping what ``config`` says."""
 
-    def __init__(self, workdir: str, scrape_configs: str, rule_files: list[str] | None = None) -> None:
+    def __init__(self, workdir: str, scrape_configs: str, rule_files: list[str] | None = None, binary: str | None = None) -> None:
+        self.binary = binary
         self.port = free_port()
         self.workdir = workdir
         os.makedirs(workdir, exist_ok=True)
@@ -231,7 +232,7 @@ class Prometheus:
         return f"http://127.0.0.1:{self.port}"
 
     def start(self) -> Prometheus:
-        binary = prometheus_binary()
+        binary = self.binary or prometheus_binary()
         assert binary, "prometheus is not installed (apt-get install prometheus; .ci/run does it)"
         log = open(os.path.join(self.workdir, "prometheus.log"), "w")
         self.proc = subprocess.Popen(
@@ -270,6 +271,9 @@ class Prometheus:
 
     def wait_query(self, expr: str, timeout: float = 30, check=lambda r: bool(r)) -> list[dict[str, Any]]:
         return wait_for(lambda: (lambda r: r if check(r) else None)(self.query(expr)), timeout, 0.5, what=expr)
+
+    def query_range(self, expr: str, start: float, end: float, step: float) -> list[dict[str, Any]]:
+        return self.api("query_range", query=expr, start=start, end=end, step=step)["result"]
 
     def exemplars(self, expr: str, seconds: float = 600) -> list[dict[str, Any]]:
         now = time.time()

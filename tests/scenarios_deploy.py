@@ -40,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 import torch.distributed as dist
 
+from . import grafana
+
 
 def _supported(**options):
     """The keyword options this version of ``instrument()`` knows (e.g. a hang threshold, once it exists)."""
@@ -161,10 +163,6 @@ DATASOURCES = os.path.join(DEPLOY, "grafana", "provisioning", "datasources", "da
 # appears its cases XPASS and fail: then delete the name here.
 NOT_EMITTED_YET = frozenset()
 
-# Grafana's built-in variables, as the tests resolve them (scrapes every second here).
-BUILTINS = {"__rate_interval": "20s", "__interval": "5s", "__range": "5m", "__range_s": "300"}
-
-
 # ----------------------------------------------------------------------------------------- the PromQL
 @dataclass(frozen=True)
 class Expr:
@@ -174,6 +172,9 @@ class Expr:
     dashboard: str = ""  # file name, for panels and variables
     exemplar: bool = False
     label: str = ""  # variables: the label whose values the variable lists
+    ordered: bool = False  # variables: a query_result() whose order is the list's (else label_values())
+    panel: dict | None = dataclasses.field(default=None, compare=False, hash=False)  # panels: Grafana's panel
+    target: dict | None = dataclasses.field(default=None, compare=False, hash=False)  # and its query
 
 
 def parse_yaml(text: str):
@@ -216,6 +217,8 @@ def variable_query(variable: dict) -> str:
 
 
 _LABEL_VALUES = re.compile(r"^\s*label_values\(\s*(.+?)\s*,\s*(\w+)\s*\)\s*$", re.S)
+_QUERY_RESULT = re.compile(r"^\s*query_result\((.+)\)\s*$", re.S)
+_REGEX_LABEL = re.compile(r'^/(\w+)="\(\?<value>\[\^"\]\+\)"/$')
 
 
 def dashboard_exprs() -> list[Expr]:
@@ -226,13 +229,18 @@ def dashboard_exprs() -> list[Expr]:
         dashboard = load_dashboard(path)
         for var in dashboard.get("templating", {}).get("list", []):
             if var.get("type") == "query":
+                case = f"{stem}/var-{var['name']}"
                 m = _LABEL_VALUES.match(variable_query(var))
-                assert m, f"{name}: variable {var['name']} is not a label_values() query"
-                out.append(Expr(f"{stem}/var-{var['name']}", m.group(1), "variable", name, label=m.group(2)))
+                if m:
+                    out.append(Expr(case, m.group(1), "variable", name, label=m.group(2)))
+                    continue
+                m, label = _QUERY_RESULT.match(variable_query(var)), _REGEX_LABEL.match(var.get("regex", ""))
+                assert m and label, f"{name}: variable {var['name']} is neither label_values() nor query_result() + /label=.../"
+                out.append(Expr(case, m.group(1), "variable", name, label=label.group(1), ordered=True))
         for panel in all_panels(dashboard):
             for t in panel.get("targets", []):
                 case = f"{stem}/{_slug(panel['title'])}/{t['refId']}"
-                out.append(Expr(case, t["expr"], "panel", name, exemplar=bool(t.get("exemplar"))))
+                out.append(Expr(case, t["expr"], "panel", name, exemplar=bool(t.get("exemplar")), panel=panel, target=t))
     return out
 
 
@@ -306,34 +314,6 @@ def missing_families(expr: str) -> set[str]:
     for name in referenced_recordings(expr):
         out |= missing_families(rules[name])
     return out
-
-
-# --------------------------------------------------------------------------------- Grafana variables
-_VARIABLE = re.compile(r"\$\{(\w+)(?::\w+)?\}|\[\[(\w+)\]\]|\$(\w+)")
-
-
-def used_variables(expr: str) -> set[str]:
-    return {a or b or c for a, b, c in _VARIABLE.findall(expr)}
-
-
-def substitute(expr: str, values: dict[str, str]) -> str:
-    """Replace Grafana variables the way Grafana does before a query leaves the browser."""
-
-    def value(m: re.Match) -> str:
-        name = m.group(1) or m.group(2) or m.group(3)
-        if name in BUILTINS:
-            return BUILTINS[name]
-        if name not in values:
-            raise KeyError(f"${name} is neither a dashboard variable nor a Grafana built-in")
-        return values[name]
-
-    return _VARIABLE.sub(value, expr)
-
-
-def regex_value(values: list[str]) -> str:
-    """A multi-value variable set to All, as Grafana writes it into a Prometheus regex matcher."""
-    escaped = [re.sub(r"([\\.+*?^$()\[\]{}|])", r"\\\\\1", v) for v in values]
-    return escaped[0] if len(escaped) == 1 else "(" + "|".join(escaped) + ")"
 
 
 # ------------------------------------------------------------------------------------- GPU stand-in
@@ -450,6 +430,43 @@ class GpuStandIn:
             self.server.server_close()
 
 
+# --------------------------------------------------------------------------- dashboards as users set them
+def variable_options(prom, dashboard: grafana.Dashboard, variable: dict) -> list[str]:
+    """What a query variable lists, in the order Grafana shows it (``prom``: tests.peers.Prometheus)."""
+    query = variable_query(variable)
+    m = _LABEL_VALUES.match(query)
+    if m:
+        selector, label = m.groups()
+        end = time.time()
+        found = prom.api(f"label/{label}/values", **{"match[]": dashboard.expression(selector), "start": end - dashboard.time_range, "end": end})
+        return sorted(found, reverse=variable.get("sort") in (2, 4, 6))
+    (expr,) = _QUERY_RESULT.match(query).groups()
+    label = _REGEX_LABEL.match(variable["regex"]).group(1)
+    return [s["metric"][label] for s in prom.query(dashboard.expression(expr)) if label in s["metric"]]
+
+
+def dashboard_as_user(prom, dashboard_file: str, run_id: str, scrape_interval: str, resolution: str) -> grafana.Dashboard:
+    """``dashboard_file`` on the data source ``prom`` scrapes every ``scrape_interval``, with the run
+    ``run_id`` picked, All for the other query variables, custom variables at their default and the metric
+    resolution ``resolution``. Each variable is evaluated in order, as Grafana does."""
+    dashboard = grafana.Dashboard(scrape_interval=scrape_interval)
+    for var in load_dashboard(os.path.join(DASHBOARDS, dashboard_file))["templating"]["list"]:
+        name = var["name"]
+        if name == "resolution":
+            dashboard.variables[name] = resolution
+        elif var["type"] == "custom":
+            dashboard.variables[name] = var["current"]["value"]
+        else:
+            found = variable_options(prom, dashboard, var)
+            assert found, f"{dashboard_file}: variable {name} has no values"
+            if name == "run":
+                assert run_id in found, (run_id, found)
+                dashboard.variables[name] = run_id
+            else:
+                dashboard.variables[name] = grafana.regex_value(found)
+    return dashboard
+
+
 # ------------------------------------------------------------------------- Prometheus from deploy/
 def derived_prometheus_config(run_folder: str, stand_in_target: str) -> dict:
     """deploy/prometheus/prometheus.yml made runnable here: the same rule files (absolute paths), the same
@@ -484,7 +501,7 @@ class LiveStack:
         self.prom = None
         self.proc = None
         self.stand_in: GpuStandIn | None = None
-        self._values: dict[str, dict[str, str]] = {}
+        self._dashboards: dict[str, grafana.Dashboard] = {}
 
     def start(self) -> LiveStack:
         from .harness import free_port, start_ranks, wait_for
@@ -515,10 +532,10 @@ class LiveStack:
             open(os.path.join(self.control, "hang"), "w").close()
             wait_for(lambda: os.path.exists(os.path.join(self.control, "hang-done")), 60, what="the injected hang")
             self.prom.wait_query(f'torchdist_collective_calls_total{{{run},op="barrier"}}', 30, check=both)
-            # every $__rate_interval window has samples from after the hang on both ranks, and there are
+            # every $__rate_interval window (20 s at the 5 s resolution) has samples from after the hang on both ranks, and there are
             # 10 s of history (the coarsest subquery step of a panel is 5 s)
             self.prom.wait_query(
-                f"sum by (rank) (rate(torchdist_collective_calls_total{{{run}}}[{BUILTINS['__rate_interval']}])) > 0",
+                f"sum by (rank) (rate(torchdist_collective_calls_total{{{run}}}[20s])) > 0",
                 60,
                 check=both,
             )
@@ -530,24 +547,12 @@ class LiveStack:
             raise
         return self
 
-    def variable_values(self, dashboard_file: str) -> dict[str, str]:
-        """Each variable of a dashboard set as a user would: the run under test, All for the others."""
-        if dashboard_file not in self._values:
-            values: dict[str, str] = {}
-            for var in load_dashboard(os.path.join(DASHBOARDS, dashboard_file))["templating"]["list"]:
-                if var["type"] == "custom":
-                    values[var["name"]] = var["current"]["value"]
-                    continue
-                selector, label = _LABEL_VALUES.match(variable_query(var)).groups()
-                found = self.label_values(substitute(selector, values), label)
-                if var["name"] == "run":
-                    assert self.run_id in found, (self.run_id, found)
-                    values["run"] = self.run_id
-                else:
-                    assert found, f"{dashboard_file}: variable {var['name']} has no values"
-                    values[var["name"]] = regex_value(found)
-            self._values[dashboard_file] = values
-        return self._values[dashboard_file]
+    def dashboard(self, dashboard_file: str) -> grafana.Dashboard:
+        """The dashboard set as a user would: this run, All for the other variables, the finest resolution
+        (this Prometheus scrapes the ranks every second)."""
+        if dashboard_file not in self._dashboards:
+            self._dashboards[dashboard_file] = dashboard_as_user(self.prom, dashboard_file, self.run_id, "1s", "5s")
+        return self._dashboards[dashboard_file]
 
     def label_values(self, selector: str, label: str) -> list[str]:
         return sorted(self.prom.api(f"label/{label}/values", **{"match[]": selector}))

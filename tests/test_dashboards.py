@@ -24,6 +24,7 @@ import subprocess
 
 import pytest
 
+from . import grafana
 from . import scenarios_deploy as sd
 from .harness import wait_for
 from .peers import prometheus_binary
@@ -92,15 +93,17 @@ def test_every_variable_used_is_defined(name):
     used = set()
     for case in CASES:
         if case.dashboard == name:
-            used |= sd.used_variables(case.expr)
-    assert used - set(sd.BUILTINS) <= set(defined), f"undefined: {used - set(sd.BUILTINS) - set(defined)}"
+            used |= grafana.used_variables(case.expr) | grafana.used_variables((case.target or {}).get("interval", ""))
+    builtins = set(grafana.Dashboard().builtins(1, 1))
+    assert used - builtins <= set(defined), f"undefined: {used - builtins - set(defined)}"
     assert set(defined) <= used, f"defined but unused: {set(defined) - used}"
     for label in ("op", "group"):
         uses_label = any(re.search(rf"\b{label}=~\"\${label}\"", c.expr) for c in CASES if c.dashboard == name)
         assert uses_label == (label in defined)
     for var in dashboard["templating"]["list"]:
         if var["name"] == "run":
-            assert not var["multi"] and not var["includeAll"]  # one run at a time; newest first
+            assert not var["multi"] and not var["includeAll"]  # one run at a time
+            assert var["sort"] == 0 and "sort_desc(" in sd.variable_query(var)  # newest first, by time
         elif var["type"] == "query":
             assert var["multi"] and var["includeAll"] and "allValue" not in var
 
@@ -129,9 +132,9 @@ def test_every_series_is_in_the_frozen_schema_or_a_recording_rule():
 def test_every_expression_parses(tmp_path):
     """promtool parses every query (variables substituted): a typo fails here even where no data exists yet."""
     values = {"run": "r", "rank": "(0|1)", "op": "all_reduce", "group": "default_pg", "gpu": "0"}
-    values["link_peak_gbps"] = "25"
-    panels = [c for c in CASES if c.kind == "panel"]
-    rules = [{"record": f"check:{i}", "expr": sd.substitute(c.expr, values)} for i, c in enumerate(panels)]
+    dashboard = grafana.Dashboard(variables=values | {"link_peak_gbps": "25", "resolution": "1m"})
+    rules = [{"record": f"check:{i}", "expr": dashboard.query(c.panel, c.target, 0).expr} for i, c in enumerate(PANEL_CASES)]
+    rules += [{"record": f"var:{i}", "expr": dashboard.expression(c.expr)} for i, c in enumerate(CASES) if c.kind == "variable"]
     path = tmp_path / "dashboards.rules.yml"
     path.write_text(json.dumps({"groups": [{"name": "dashboards", "rules": rules}]}))  # JSON is YAML
     done = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
@@ -152,8 +155,10 @@ def stack(tmp_path_factory):
 @needs_prometheus
 @pytest.mark.parametrize("case", [_param(c) for c in CASES if c.kind == "variable"])
 def test_variable_lists_the_run(stack, case):
-    values = stack.variable_values(case.dashboard)  # evaluates every variable of the dashboard in order
-    found = stack.label_values(sd.substitute(case.expr, values), case.label)
+    dashboard = stack.dashboard(case.dashboard)  # evaluates every variable of the dashboard in order
+    (variable,) = [v for v in sd.load_dashboard(os.path.join(sd.DASHBOARDS, case.dashboard))["templating"]["list"]
+                   if f"var-{v['name']}" == case.case_id.split("/")[-1]]  # fmt: skip
+    found = sd.variable_options(stack.prom, dashboard, variable)
     expected = {
         "run": {stack.run_id},
         "rank": {"0", "1"},
@@ -167,14 +172,13 @@ def test_variable_lists_the_run(stack, case):
 @needs_prometheus
 @pytest.mark.parametrize("case", [_param(c) for c in PANEL_CASES])
 def test_panel_query_returns_data(stack, case):
-    expr = sd.substitute(case.expr, stack.variable_values(case.dashboard))
-    stack.query_ok(expr)
+    stack.query_ok(stack.dashboard(case.dashboard).query(case.panel, case.target, 0).expr)
 
 
 @needs_prometheus
 @pytest.mark.parametrize("case", [_param(c) for c in PANEL_CASES if c.exemplar])
 def test_exemplars_open_traces_the_run_exported(stack, case):
-    expr = sd.substitute(case.expr, stack.variable_values(case.dashboard))
+    expr = stack.dashboard(case.dashboard).query(case.panel, case.target, 0).expr
     series = wait_for(lambda: stack.prom.exemplars(expr), 30, what=f"exemplars for {expr}")
     trace_ids = {e["labels"]["trace_id"] for s in series for e in s["exemplars"]}
     assert trace_ids and all(re.fullmatch(r"[0-9a-f]{32}", t) for t in trace_ids)
