@@ -125,7 +125,8 @@ class Dashboard:
         return substitute(expr, self.variables, self.builtins(interval, rate_interval))
 
 
-_VARIABLE = re.compile(r"\$\{(\w+)(?::(\w+))?\}|\[\[(\w+)\]\]|\$(\w+)")
+# A name of digits only ($1 in label_replace) is no variable: Grafana leaves a name it does not know as it is.
+_VARIABLE = re.compile(r"\$\{(?!\d+\})(\w+)(?::(\w+))?\}|\[\[(\w+)\]\]|\$(?!\d+\b)(\w+)")
 
 
 def used_variables(expr: str) -> set[str]:

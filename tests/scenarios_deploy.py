@@ -332,6 +332,7 @@ class GpuStandIn:
     nearly idle (the TorchdistLowGpuUtilization fault). Real GPU series come from the library on GPU machines."""
 
     REASONS = ("sw_power_cap", "hw_thermal_slowdown")
+    DCGM = {"DCGM_FI_PROF_SM_ACTIVE": 0.7, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 0.35, "DCGM_FI_PROF_DRAM_ACTIVE": 0.45}
 
     def __init__(self, run_id: str, world_size: int = 2) -> None:
         self.run_id = run_id
@@ -398,6 +399,13 @@ class GpuStandIn:
                 for labels in self._labels(metric, rank):
                     text = ",".join(f'{k}="{v}"' for k, v in labels.items())
                     lines.append(f"{name}{{{text}}} {self._value(metric, labels, t)!r}")
+        # dcgm-exporter's profiling counters (deploy/dcgm/counters.csv), labelled as it labels them: by GPU
+        # UUID and node, not by run or rank; rank 1 idles here too.
+        for field, busy in self.DCGM.items():
+            lines.append(f"# TYPE {field} gauge")
+            for rank in range(self.world_size):
+                labels = f'gpu="{rank}",UUID="GPU-stand-in-{rank}",Hostname="{self.host}",modelName="stand-in"'
+                lines.append(f"{field}{{{labels}}} {busy * (0.05 if rank == 1 else 1.0)!r}")
         return "\n".join(lines) + "\n"
 
     def start(self) -> GpuStandIn:

@@ -61,6 +61,13 @@ def transform(text: str, endpoints: dict[str, str], ports: dict[int, int] | None
     return text
 
 
+def write_atomically(path: str, text: str) -> None:
+    """Prometheus re-reads file-SD files as they change: never let it see one half written."""
+    with open(path + ".tmp", "w") as f:
+        f.write(text)
+    os.replace(path + ".tmp", path)
+
+
 def get_json(url: str, timeout: float = 10) -> Any:
     with urllib.request.urlopen(url, timeout=timeout) as response:
         return json.loads(response.read())
@@ -127,3 +134,98 @@ def jaeger_spans(trace: dict) -> list[dict[str, Any]]:
             "resource": processes[s["processID"]],
         })  # fmt: skip
     return out
+
+
+QUERY = "http://127.0.0.1:16686"  # Jaeger's query API: its all-in-one default, kept (the tests read it there)
+
+
+class Stack:
+    """Jaeger v2 on its all-in-one configuration, the Collector on deploy/otel-collector/config.yaml and, with
+    ``prometheus``, Prometheus v3 on deploy/prometheus/prometheus.yml, in ``folder`` on loopback ports.
+
+    Prometheus' folder is laid out as deploy/prometheus is (``prometheus.yml``, ``rules`` linked to deploy's,
+    ``targets/`` for file-SD target files), so the configuration's relative paths hold; ``add_targets``
+    copies a run's target files in as deploy/README.md tells a user to."""
+
+    def __init__(self, folder: str, prometheus: bool = False) -> None:
+        self.folder = folder
+        self.components: list[Component] = []
+        self.ports = {name: free_port() for name in ("grpc", "http", "health", "exporter", "self", "prometheus")}
+        self.prom = None
+        try:
+            self._start(prometheus)
+        except BaseException:
+            self.stop()
+            raise
+
+    def _write(self, name: str, text: str) -> str:
+        path = os.path.join(self.folder, name)
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        with open(path, "w") as f:
+            f.write(text)
+        return path
+
+    def _start(self, prometheus: bool) -> None:
+        jaeger_otlp = free_port()
+        jaeger = self._write("jaeger.yaml", transform(
+            jaeger_default_config(),
+            {"${env:JAEGER_LISTEN_HOST:-localhost}:4317": f"127.0.0.1:{jaeger_otlp}",
+             "${env:JAEGER_LISTEN_HOST:-localhost}:4318": f"127.0.0.1:{free_port()}"},
+            {8888: free_port()},
+        ))  # fmt: skip
+        p = self.ports
+        collector = self._write("collector.yaml", transform(
+            open(os.path.join(REPO, "deploy", "otel-collector", "config.yaml")).read(),
+            {"0.0.0.0:4317": f"127.0.0.1:{p['grpc']}", "0.0.0.0:4318": f"127.0.0.1:{p['http']}",
+             "jaeger:4317": f"127.0.0.1:{jaeger_otlp}", "0.0.0.0:8889": f"127.0.0.1:{p['exporter']}",
+             "0.0.0.0:13133": f"127.0.0.1:{p['health']}", "host: 0.0.0.0": "host: 127.0.0.1"},
+            {8888: p["self"]},
+        ))  # fmt: skip
+        self.jaeger = self._run("jaeger", [os.path.join(BIN, "jaeger"), "--config", jaeger])
+        self.collector = self._run("collector", [os.path.join(BIN, "otelcol-torchdist"), "--config", collector])
+        wait_http(f"{QUERY}/api/services", self.jaeger.proc, self.jaeger.log)
+        wait_http(f"http://127.0.0.1:{p['health']}/", self.collector.proc, self.collector.log)
+        if prometheus:
+            self._start_prometheus()
+
+    def _start_prometheus(self) -> None:
+        from .peers import Prometheus
+
+        deploy = os.path.join(REPO, "deploy", "prometheus")
+        folder = os.path.join(self.folder, "prometheus")
+        os.makedirs(os.path.join(folder, "targets"), exist_ok=True)
+        os.symlink(os.path.join(deploy, "rules"), os.path.join(folder, "rules"))
+        self.prom = Prometheus(folder, "", binary=os.path.join(BIN, "prometheus"))
+        self.prom.port = self.ports["prometheus"]
+        self._write("prometheus/prometheus.yml", transform(
+            open(os.path.join(deploy, "prometheus.yml")).read(),
+            {"otel-collector:8889": f"127.0.0.1:{self.ports['exporter']}",
+             "otel-collector:8888": f"127.0.0.1:{self.ports['self']}",
+             "localhost:9090": f"127.0.0.1:{self.ports['prometheus']}"},
+        ))  # fmt: skip
+        self.prom.start()
+
+    def _run(self, name: str, argv: list[str]) -> Component:
+        component = Component(name, argv, self.folder)
+        self.components.append(component)
+        return component
+
+    def endpoint(self, protocol: str) -> str:
+        return f"http://127.0.0.1:{self.ports['grpc' if protocol == 'grpc' else 'http']}"
+
+    def add_targets(self, run_folder: str, run_id: str) -> None:
+        """A run's per-rank target files, copied into Prometheus' targets/ as ``<run id>.<file name>``."""
+        for name in os.listdir(run_folder):
+            if name.startswith("prometheus-targets.rank") and name.endswith(".json"):
+                with open(os.path.join(run_folder, name)) as f:
+                    write_atomically(os.path.join(self.folder, "prometheus", "targets", f"{run_id}.{name}"), f.read())
+
+    def collector_metrics(self) -> str:
+        with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['self']}/metrics", timeout=10) as response:
+            return response.read().decode()
+
+    def stop(self) -> None:
+        if self.prom is not None:
+            self.prom.stop()
+        for component in reversed(self.components):
+            component.stop()

@@ -128,6 +128,36 @@ def test_every_series_is_in_the_frozen_schema_or_a_recording_rule():
         assert sd.referenced_recordings(case.expr) <= recorded, case.case_id
 
 
+def test_every_dashboard_matches_grafanas_published_schema():
+    """@grafana/schema 12.4.0 (the Grafana deploy/ runs), through the TypeScript compiler: wrong or unknown
+    fields, enum values and types fail (tests/grafana_schema/check.py)."""
+    from .grafana_schema import check
+
+    if shutil.which("node") is None or not os.path.isdir(os.path.join(os.path.dirname(check.__file__), "node_modules")):
+        pytest.skip("needs Node.js and `npm ci --prefix tests/grafana_schema` (.ci/install runs it)")
+    status, messages = check.check(sd.dashboard_files())
+    assert status == 0 and not messages.strip(), messages
+
+
+def test_the_schema_check_catches_what_grafana_would_not_load(tmp_path):
+    from .grafana_schema import check
+
+    if shutil.which("node") is None or not os.path.isdir(os.path.join(os.path.dirname(check.__file__), "node_modules")):
+        pytest.skip("needs Node.js and `npm ci --prefix tests/grafana_schema` (.ci/install runs it)")
+    dashboard = sd.load_dashboard(os.path.join(sd.DASHBOARDS, "collectives.json"))
+    panel = next(p for p in dashboard["panels"] if p["type"] == "timeseries")
+    panel["options"]["legend"]["displayMode"] = "tabel"
+    panel["fieldConfig"]["defaults"]["custom"]["lineWidthh"] = 1
+    dashboard["templating"]["list"][0]["sortt"] = 1
+    del dashboard["schemaVersion"]
+    path = tmp_path / "broken.json"
+    path.write_text(json.dumps(dashboard))
+    status, messages = check.check([str(path)])
+    assert status != 0
+    for wrong in ('"tabel"', "lineWidthh", "sortt", "schemaVersion"):
+        assert wrong in messages, messages
+
+
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian's prometheus)")
 def test_every_expression_parses(tmp_path):
     """promtool parses every query (variables substituted): a typo fails here even where no data exists yet."""

@@ -70,14 +70,19 @@ def test_compose_file_validates(profile):
 
 @needs_compose
 def test_compose_interpolates_overrides():
-    env = {"GF_ADMIN_PASSWORD": "s3cret-from-env", "TORCHDIST_UI_BIND": "0.0.0.0"}
+    env = {"GF_ADMIN_PASSWORD": "s3cret-from-env", "TORCHDIST_UI_BIND": "0.0.0.0", "TORCHDIST_GRAFANA_ANONYMOUS": "false"}
     done = _run("docker-compose", "-f", COMPOSE, "config", env=env)
     assert done.returncode == 0, done.stderr
-    config = sd.parse_yaml(done.stdout)
-    assert config["services"]["grafana"]["environment"]["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret-from-env"
-    assert config["services"]["grafana"]["ports"] == ["0.0.0.0:3000:3000/tcp"]
-    collector = config["services"]["otel-collector"]["ports"]
-    assert {"127.0.0.1:4317:4317/tcp", "127.0.0.1:4318:4318/tcp", "0.0.0.0:8889:8889/tcp"} <= set(collector)
+    services = sd.parse_yaml(done.stdout)["services"]
+    grafana = services["grafana"]["environment"]
+    assert grafana["GF_SECURITY_ADMIN_PASSWORD"] == "s3cret-from-env"
+    assert grafana["GF_AUTH_ANONYMOUS_ENABLED"] == grafana["GF_USERS_VIEWERS_CAN_EDIT"] == "false"
+    assert services["grafana"]["ports"] == ["0.0.0.0:3000:3000/tcp"]
+    # opening Grafana opens nothing unauthenticated: Prometheus, Jaeger and the Collector stay on loopback
+    collector = services["otel-collector"]["ports"]
+    assert {"127.0.0.1:4317:4317/tcp", "127.0.0.1:4318:4318/tcp", "127.0.0.1:8889:8889/tcp", "127.0.0.1:13133:13133/tcp"} == set(collector)
+    assert services["prometheus"]["ports"] == ["127.0.0.1:9090:9090/tcp"]
+    assert services["jaeger"]["ports"] == ["127.0.0.1:16686:16686/tcp"]
 
 
 def test_compose_file_matches_the_compose_spec_schema():
@@ -114,7 +119,7 @@ def test_every_file_a_service_mounts_exists():
             if source.startswith((".", "/")):
                 assert os.path.exists(os.path.join(sd.DEPLOY, source)), f"{name} mounts {source}, which does not exist"
                 mounts += 1
-    assert mounts == 6
+    assert mounts == 7
 
 
 def test_ports_the_readme_promises_and_nothing_open_by_default():
@@ -142,6 +147,12 @@ def test_credentials_have_defaults_and_env_overrides():
     assert env["GF_SECURITY_ADMIN_PASSWORD"].startswith("${GF_ADMIN_PASSWORD:-")
     assert env["GF_SECURITY_ADMIN_USER"].startswith("${GF_ADMIN_USER:-")
     assert env["GF_AUTH_ANONYMOUS_ORG_ROLE"] == "Viewer"  # anonymous users can look, not change
+    assert env["GF_AUTH_ANONYMOUS_ENABLED"] == env["GF_USERS_VIEWERS_CAN_EDIT"] == "${TORCHDIST_GRAFANA_ANONYMOUS:-true}"
+
+
+def test_prometheus_has_no_unauthenticated_admin_or_write_endpoint():
+    command = compose()["services"]["prometheus"]["command"]
+    assert "--web.enable-lifecycle" not in command and "--web.enable-remote-write-receiver" not in command
 
 
 def test_dcgm_exporter_only_with_the_gpu_profile():
@@ -151,6 +162,18 @@ def test_dcgm_exporter_only_with_the_gpu_profile():
     (dcgm,) = [j for j in sd.load_yaml(PROMETHEUS_YML)["scrape_configs"] if j["job_name"] == "dcgm"]
     (dns,) = dcgm["dns_sd_configs"]
     assert dns == {"names": ["dcgm-exporter"], "type": "A", "port": 9400, "refresh_interval": "30s"}
+
+
+def test_dcgm_exports_every_field_the_dashboards_read():
+    """dcgm-exporter's default list leaves the profiling counters off: deploy/dcgm/counters.csv turns on
+    every DCGM field a dashboard reads, and the gpu profile runs dcgm-exporter with it."""
+    with open(os.path.join(sd.DEPLOY, "dcgm", "counters.csv")) as f:
+        fields = {line.split(",")[0].strip() for line in f if line.strip() and not line.startswith("#")}
+    used = {name for case in sd.dashboard_exprs() for name in re.findall(r"\bDCGM_FI_\w+", case.expr)}
+    assert {"DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"} <= used <= fields
+    dcgm = compose()["services"]["dcgm-exporter"]
+    (path,) = [v.split(":")[1] for v in dcgm["volumes"] if v.startswith("./dcgm/counters.csv:")]
+    assert dcgm["command"] == ["-f", path]
 
 
 # ----------------------------------------------------------------------------------------- Collector

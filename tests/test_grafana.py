@@ -69,3 +69,4 @@ def test_all_of_a_multi_value_variable_becomes_an_escaped_alternation():
     assert grafana.regex_value(["0"]) == "0"
     assert grafana.regex_value(["default_pg", "pg.1"]) == "(default_pg|pg\\\\.1)"
     assert grafana.used_variables("$a ${b} ${c:raw} [[d]] $__rate_interval") == {"a", "b", "c", "d", "__rate_interval"}
+    assert grafana.substitute('label_replace(x, "a", "$1", "b", "(.+)")', {}) == 'label_replace(x, "a", "$1", "b", "(.+)")'

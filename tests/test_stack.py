@@ -20,7 +20,7 @@ from otel_torchdist import names as n
 from . import stack
 from .harness import REPO, trace_layout_problems
 
-QUERY = "http://127.0.0.1:16686"  # Jaeger's query API: its all-in-one default
+QUERY = stack.QUERY
 RUNS = {"stack-http": "http/protobuf", "stack-grpc": "grpc"}
 
 
@@ -32,32 +32,10 @@ def traces(tmp_path_factory):
     except stack.NoGo as exc:
         pytest.skip(str(exc))
     folder = str(tmp_path_factory.mktemp("stack"))
-    jaeger_otlp = stack.free_port()
-    jaeger_config = stack.transform(
-        stack.jaeger_default_config(),
-        {"${env:JAEGER_LISTEN_HOST:-localhost}:4317": f"127.0.0.1:{jaeger_otlp}",
-         "${env:JAEGER_LISTEN_HOST:-localhost}:4318": f"127.0.0.1:{stack.free_port()}"},
-        {8888: stack.free_port()},
-    )  # fmt: skip
-    ports = {"grpc": stack.free_port(), "http": stack.free_port(), "health": stack.free_port()}
-    collector_config = stack.transform(
-        open(os.path.join(REPO, "deploy", "otel-collector", "config.yaml")).read(),
-        {"0.0.0.0:4317": f"127.0.0.1:{ports['grpc']}", "0.0.0.0:4318": f"127.0.0.1:{ports['http']}",
-         "jaeger:4317": f"127.0.0.1:{jaeger_otlp}", "0.0.0.0:8889": f"127.0.0.1:{stack.free_port()}",
-         "0.0.0.0:13133": f"127.0.0.1:{ports['health']}"},
-    )  # fmt: skip
-    for name, text in (("jaeger.yaml", jaeger_config), ("collector.yaml", collector_config)):
-        with open(os.path.join(folder, name), "w") as f:
-            f.write(text)
-    jaeger = stack.Component("jaeger", [os.path.join(stack.BIN, "jaeger"), "--config", os.path.join(folder, "jaeger.yaml")], folder)
-    collector = stack.Component(
-        "collector", [os.path.join(stack.BIN, "otelcol-torchdist"), "--config", os.path.join(folder, "collector.yaml")], folder
-    )
+    running = stack.Stack(folder)
     try:
-        stack.wait_http(f"{QUERY}/api/services", jaeger.proc, jaeger.log)
-        stack.wait_http(f"http://127.0.0.1:{ports['health']}/", collector.proc, collector.log)
         for service, protocol in RUNS.items():
-            endpoint = f"http://127.0.0.1:{ports['grpc' if protocol == 'grpc' else 'http']}"
+            endpoint = running.endpoint(protocol)
             env = {k: v for k, v in os.environ.items() if not k.startswith(("OTEL_", "TORCHELASTIC_", "SLURM_"))}
             env.update(OTEL_EXPORTER_OTLP_ENDPOINT=endpoint, OTEL_EXPORTER_OTLP_PROTOCOL=protocol, OTEL_SERVICE_NAME=service,
                        OTEL_EXPORTER_PROMETHEUS_PORT="0", PYTHONPATH=REPO)  # fmt: skip
@@ -77,10 +55,9 @@ def traces(tmp_path_factory):
                     found[service] = data
                     break
                 time.sleep(1)
-        yield {"traces": found, "collector": collector}
+        yield {"traces": found}
     finally:
-        collector.stop()
-        jaeger.stop()
+        running.stop()
 
 
 def test_jaeger_lists_each_run_as_a_service(traces):
