@@ -55,7 +55,7 @@ def traces(tmp_path_factory):
                     found[service] = data
                     break
                 time.sleep(1)
-        yield {"traces": found}
+        yield {"traces": found, "stack": running}
     finally:
         running.stop()
 
@@ -89,3 +89,36 @@ def test_searching_by_tag_finds_the_right_spans(traces):
         assert data, tags
         for trace in data:
             assert any(check(s) for s in stack.jaeger_spans(trace)), tags
+
+
+def test_a_burst_of_spans_reaches_jaeger_whole(traces):
+    """6 000 spans of about 1.3 KB in three quick posts: the Collector's batches must stay under Jaeger's 4 MiB
+    gRPC limit (send_batch_max_size), which refuses a bigger batch as a permanent error: every span of it lost.
+    The spans come from the OpenTelemetry SDK's own OTLP exporter, as any application's would."""
+    from opentelemetry.exporter.otlp.proto.http.trace_exporter import OTLPSpanExporter
+    from opentelemetry.sdk.resources import Resource
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.sdk.trace.export import BatchSpanProcessor
+
+    running = traces["stack"]
+    exporter = OTLPSpanExporter(endpoint=f"{running.endpoint('http/protobuf')}/v1/traces", timeout=30)
+    provider = TracerProvider(resource=Resource({"service.name": "stack-burst"}))
+    provider.add_span_processor(BatchSpanProcessor(exporter, max_queue_size=10_000, max_export_batch_size=2000, schedule_delay_millis=600_000))
+    tracer = provider.get_tracer("burst")
+    attributes = {f"attribute.{i}": "x" * 40 for i in range(20)}
+    for t in range(60):
+        with tracer.start_as_current_span(f"root {t}", attributes=attributes):
+            for i in range(99):
+                tracer.start_span(f"child {i}", attributes=attributes).end()
+    assert provider.force_flush(60_000)
+    provider.shutdown()
+
+    def spans_in_jaeger():
+        query = urllib.parse.urlencode({"service": "stack-burst", "limit": 1000, "lookback": "1h"})
+        return sum(len(t["spans"]) for t in stack.get_json(f"{QUERY}/api/traces?{query}")["data"])
+
+    deadline = time.monotonic() + 30
+    while (found := spans_in_jaeger()) < 6000 and time.monotonic() < deadline:
+        time.sleep(1)
+    failed = [line for line in running.collector_metrics().splitlines() if line.startswith("otelcol_exporter_send_failed_spans") and not line.endswith(" 0")]
+    assert found == 6000 and not failed, (found, failed)
