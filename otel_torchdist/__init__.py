@@ -16,6 +16,7 @@ import contextlib
 from typing import Any
 
 from ._version import __version__
+from .callbacks import HangEvent, NonFiniteLossEvent, SlowStepEvent, StragglerEvent, on
 from .instrumentor import TorchDistributedInstrumentor
 
 from .logs import get_logger, rank_zero_info, rank_zero_only, rank_zero_warning
@@ -31,6 +32,12 @@ __all__ = [
     "record_step",
     "set_total_steps",
     "deep_capture",
+    "on",
+    "on_hang",
+    "HangEvent",
+    "StragglerEvent",
+    "SlowStepEvent",
+    "NonFiniteLossEvent",
     "get_logger",
     "rank_zero_info",
     "rank_zero_warning",
@@ -156,3 +163,8 @@ def flush(timeout: float | None = None) -> bool:
 
     rt = runtime.current()
     return rt.flush(timeout) if rt is not None else True
+
+
+def on_hang(fn):
+    """``on("hang", fn)``: ``fn(HangEvent)`` when a collective hangs on this rank, with the ranks that never came."""
+    return on("hang", fn)

@@ -356,10 +356,13 @@ STEP_TOKENS = "torchdist.step.tokens"
 PHASE_NAME = "torchdist.phase"  # on phase spans (SPAN_PHASES): forward | backward
 HANG_WAITED = "torchdist.hang.waited_s"
 HANG_THRESHOLD = "torchdist.hang.threshold_s"
+HANG_MISSING_RANKS = "torchdist.hang.missing_ranks"  # global ranks of the group that have not started it
+HANG_MISSING_DETAIL = "torchdist.hang.missing"  # per missing rank: what it last started, when it last reported
 WARNING_KIND = "torchdist.warning.kind"
 WARNING_MESSAGE = "torchdist.warning.message"
 WARNING_EVENT = "torchdist.warning"
 HANG_EVENT = "collective.hang"
+HANG_MISSING_EVENT = "collective.hang.missing_ranks"
 WARNING_KINDS = ("low_gpu_utilization", "slow_step", "memory_near_limit", "ddp_config", "hang")
 STEP_SPAN_ATTRIBUTES = (
     STEP,
@@ -379,6 +382,8 @@ STEP_SPAN_ATTRIBUTES = (
     PHASE_NAME,
     HANG_WAITED,
     HANG_THRESHOLD,
+    HANG_MISSING_RANKS,
+    HANG_MISSING_DETAIL,
     WARNING_KIND,
     WARNING_MESSAGE,
 )
@@ -398,6 +403,7 @@ M_UUID = "uuid"  # GPU UUID (DCGM's "UUID")
 M_GPU_MODEL = "model"  # GPU model name (DCGM's "modelName")
 M_HOST = "host"  # host name (DCGM's "Hostname")
 M_DIRECTION = "direction"  # transmit | receive
+M_MISSING_RANK = "missing_rank"  # a rank that has not started a hung collective
 M_REASON = "reason"  # GPU throttle reason
 M_ERROR_KIND = "type"  # corrected | uncorrected
 M_DEVICE = "device"  # torch CUDA device index
@@ -614,6 +620,13 @@ COLLECTIVE_HANGS = Metric(
     "Collectives that stayed in flight longer than the hang threshold.",
     COLLECTIVE_LABELS,
 )
+COLLECTIVE_HANG_MISSING = Metric(
+    "torchdist.collective.hang.missing_rank",
+    "gauge",
+    "{collective}",
+    "While a collective hangs on this rank: its sequence number, for each rank of the group that has not started it.",
+    (M_RUN, M_RANK, M_OP, M_GROUP, M_MISSING_RANK),
+)
 GROUP_SEQ_STARTED = Metric(
     "torchdist.group.last_started_seq",
     "gauge",
@@ -654,6 +667,7 @@ STEP_METRICS = (
     STRAGGLER_SLOWEST,
     COLLECTIVE_INFLIGHT_AGE,
     COLLECTIVE_HANGS,
+    COLLECTIVE_HANG_MISSING,
     GROUP_SEQ_STARTED,
     GROUP_SEQ_COMPLETED,
     TRAIN_LOSS,

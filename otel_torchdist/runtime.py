@@ -23,7 +23,7 @@ import threading
 import time
 from typing import Any
 
-from . import health, logs, signals, step_roots, steps, stragglers, watchdog
+from . import hang_board, health, logs, signals, step_roots, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
@@ -116,6 +116,7 @@ class Runtime:
         self._started = False
         self._run_dir_ok = True
         self.watchdog: watchdog.Watchdog | None = None
+        self.board: hang_board.HangBoard | None = None
         self.node_reader: _node.NodeReader | None = None
         self.hand_over: _node.HandOver | None = None
         self._lock = threading.RLock()
@@ -301,6 +302,10 @@ class Runtime:
         dataloader_capture.FETCH[0] = self.steps.on_fetch
         self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
         self.pipeline.metric_sources.append(self.watchdog.metric_data)
+        if ident.distributed and ident.world_size > 1 and stragglers.default_tcp_store() is not None:
+            self.board = hang_board.HangBoard(ident.trace_key, ident.rank, ident.world_size, self.watchdog.interval)
+            self.watchdog.board = self.board
+            self.board.start()
         self.watchdog.start()
 
     def _wrapper_codes(self) -> set:
@@ -386,6 +391,8 @@ class Runtime:
         later is emitted as rank 0 saw it."""
         if self.exchange is not None:
             self.exchange.stop()
+        if self.board is not None:
+            self.board.stop()
         if self.roots is not None:
             self.pipeline.drain()
             self.roots.stop(min(1.0, self.end_budget()))

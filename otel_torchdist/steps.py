@@ -27,13 +27,14 @@ from __future__ import annotations
 import bisect
 import hashlib
 import logging
+import math
 import threading
 import weakref
 from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
-from . import health
+from . import callbacks, health
 from . import names as n
 from .capture import record as R
 from .telemetry import SpanData
@@ -551,6 +552,8 @@ class StepTracker:
                 if value is None:
                     continue
                 value = float(value)
+                if key == "loss" and not math.isfinite(value):
+                    callbacks.fire("nonfinite_loss", callbacks.NonFiniteLossEvent(self.rank, self.index, value))
                 if self.user is None:
                     self.user = {}
                 if key in ("samples", "tokens"):
@@ -630,6 +633,7 @@ def _close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backw
     if slow or sampled:
         info = _info(ctx, t0, t1, source, values, backward, error)
         if slow:
+            callbacks.fire("slow_step", callbacks.SlowStepEvent(tracker.rank, index, duration, median))
             _maybe_warn_slow(pipeline, tracker, index, duration, median, info)
         if sampled:
             _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)

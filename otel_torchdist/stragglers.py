@@ -27,13 +27,14 @@ import threading
 import time
 from typing import Any
 
-from . import health
+from . import callbacks, health
 from . import names as n
 
 _log = logging.getLogger("otel_torchdist")
 MAX_WORLD = 1024
 TIMEOUT = datetime.timedelta(seconds=30)
 POLL = 0.1  # seconds between checks for the other ranks' keys
+VERDICT = 0.2  # a score above this names a straggler (log line on rank 0, the straggler callback everywhere)
 
 
 def default_tcp_store() -> Any:
@@ -190,6 +191,10 @@ class Exchange:
         fw.set(n.STRAGGLER_SCORE, (), float(result["scores"][str(self.rank)]))
         fw.set(n.STRAGGLER_SLOWEST, (), int(result["slowest"]))
         self.completed += 1
-        if self.rank == 0 and result["scores"][str(result["slowest"])] > 0.2:
+        score = float(result["scores"][str(result["slowest"])])
+        if score > VERDICT:
+            everyone = {int(r): float(v) for r, v in result["scores"].items()}
+            callbacks.fire("straggler", callbacks.StragglerEvent(self.rank, int(result["slowest"]), score, everyone, window))
+        if self.rank == 0 and score > VERDICT:
             _log.info("straggler: rank %s (score %.2f) over steps of window %d", result["slowest"],
                       result["scores"][str(result["slowest"])], window)  # fmt: skip

@@ -9,7 +9,10 @@ A daemon thread looks every ``threshold / 4`` (between 0.25 and 10 s) at what is
 
 A collective older than the threshold is reported once: a ``collective.hang`` span (from its issue to
 now, with op, group, sequence number and time waited, and a ``collective.hang`` event), a log line and
-``torchdist.collective.hangs``; the export thread is woken so it leaves the process at once. Every rank
+``torchdist.collective.hangs``; the export thread is woken so it leaves the process at once. With the
+hang board (hang_board.py: every rank's progress in the store), the report also names the ranks of the group
+that have not started the collective and what each last started (``torchdist.hang.missing_ranks``, a
+``collective.hang.missing_ranks`` event, ``torchdist.collective.hang.missing_rank``). Every rank
 also exports, per group, the last sequence number it started and the last it saw complete
 (``torchdist.group.last_started_seq`` / ``last_completed_seq``) and the age of the oldest collective in
 flight: the rank that never arrived is the one whose started sequence number is behind the others'.
@@ -23,7 +26,7 @@ import threading
 from time import perf_counter_ns
 from typing import Any
 
-from . import health
+from . import callbacks, health
 from . import names as n
 from .capture import completion, ddp_native, funcol, groups
 from .capture import record as R
@@ -55,6 +58,8 @@ class Watchdog:
         self.codes = wrapper_codes
         self._reported: set[int] = set()
         self._ages: dict[str, float] = {}
+        self.board: Any = None  # hang_board.HangBoard, when the job has a TCPStore
+        self._missing: dict[int, tuple[str, str, int, tuple[int, ...]]] = {}  # id(rec) -> op, group, seq, ranks
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-torchdist-watchdog", daemon=True)
 
@@ -100,20 +105,37 @@ class Watchdog:
     def check(self) -> None:
         now = perf_counter_ns()
         ages: dict[str, float] = {}
+        oldest: dict[str, tuple[float, list]] = {}
         seen: set[int] = set()
+        late = []
         for rec in self.in_flight():
             if id(rec) in seen:
                 continue
             seen.add(id(rec))
             gi = groups.BY_ID[rec[R.GROUP]]
             age = (now - rec[R.T_START]) / 1e9
-            ages[gi.label] = max(ages.get(gi.label, 0.0), age)
+            if age >= ages.get(gi.label, -1.0):
+                ages[gi.label] = age
+                oldest[gi.label] = (age, rec)
             if age > self.threshold and id(rec) not in self._reported:
-                self._reported.add(id(rec))
-                self._report(rec, gi, age, now)
+                late.append((rec, gi, age))
         self._ages = ages
+        if self.board is not None:
+            # published before a hang is looked up: the other ranks read this rank's place on every group
+            self.board.update({gi.label: [gi.last_started(), gi.last_completed, self._where(oldest.get(gi.label))] for gi in groups.all_groups()})
+        for rec, gi, age in late:
+            self._reported.add(id(rec))
+            self._report(rec, gi, age, now)
+        self._missing = {key: value for key, value in self._missing.items() if key in seen}
         if len(self._reported) > 10000:
             self._reported = {r for r in self._reported if r in seen}
+
+    @staticmethod
+    def _where(oldest: tuple[float, list] | None) -> list | None:
+        if oldest is None:
+            return None
+        age, rec = oldest
+        return [rec[R.OP], rec[R.SEQ], round(age, 3)]
 
     def _report(self, rec: list, gi: groups.GroupInfo, age: float, now: int) -> None:
         seq = rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
@@ -121,6 +143,12 @@ class Watchdog:
             f"collective {rec[R.OP]} on group {gi.label} (sequence number {seq}) has been in flight for "
             f"{age:.1f} s (threshold {self.threshold:.1f} s); last completed on this group: {gi.last_completed}"
         )
+        missing = self.board.lookup(gi.label, gi.global_ranks, seq, rec[R.OP]) if self.board is not None else None
+        if missing:
+            message += "; not started by " + "; ".join(f"rank {m.rank} ({m.detail})" for m in missing)
+            self._missing[id(rec)] = (rec[R.OP], gi.label, seq, tuple(m.rank for m in missing))
+        elif missing is not None:
+            message += "; every rank of the group has started it"
         _log.warning("%s", message)
         pipeline = self.rt.pipeline
         pipeline.framework.add(n.COLLECTIVE_HANGS, (rec[R.OP], gi.label), 1)
@@ -142,10 +170,17 @@ class Watchdog:
             (n.WARNING_KIND, "hang"),
             (n.WARNING_MESSAGE, message),
         ]
+        ranks = (n.HANG_MISSING_RANKS, tuple(m.rank for m in missing or ()))
+        if missing:
+            attrs.append(ranks)
         span = SpanData(n.SPAN_HANG, trace, new_span_id(), parent, rec[R.T_START] + off, now + off, attrs)
         span.events.append((n.HANG_EVENT, now + off, [(n.COLL_SEQ, seq), (n.HANG_WAITED, age)]))
+        if missing:
+            span.events.append((n.HANG_MISSING_EVENT, now + off, [ranks, (n.HANG_MISSING_DETAIL, tuple(m.detail for m in missing))]))
         pipeline.emit_span(span)
         pipeline.export_soon()
+        rank = self.rt.identity.rank if self.rt.identity is not None else 0
+        callbacks.fire("hang", callbacks.HangEvent(rank, rec[R.OP], gi.label, seq, age, ranks[1], tuple(m.detail for m in missing or ())))
 
     # ------------------------------------------------------------------------------------- metrics
     def metric_data(self) -> list[MetricData]:
@@ -156,8 +191,14 @@ class Watchdog:
             started.append(NumberPoint(labels, gi.last_started()))
             completed.append(NumberPoint(labels, gi.last_completed))
             ages.append(NumberPoint(labels, float(self._ages.get(gi.label, 0.0))))
-        return [
+        missing = [
+            NumberPoint({**base, n.M_OP: op, n.M_GROUP: label, n.M_MISSING_RANK: str(rank)}, seq)
+            for op, label, seq, ranks in list(self._missing.values())
+            for rank in ranks
+        ]
+        out = [
             MetricData(n.GROUP_SEQ_STARTED, started),
             MetricData(n.GROUP_SEQ_COMPLETED, completed),
             MetricData(n.COLLECTIVE_INFLIGHT_AGE, ages),
         ]
+        return out + [MetricData(n.COLLECTIVE_HANG_MISSING, missing)] if missing else out

@@ -100,6 +100,8 @@ def stragglers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
+    verdicts: list = []
+    otel_torchdist.on("straggler", lambda e: verdicts.append({"rank": e.rank, "slowest": e.slowest_rank, "score": e.score, "window": e.window}))
     _instrument(out, f"stragglers-ws{ws}", straggler_exchange_steps=10)
     # 200 ms: on a loaded 2-core machine running 3 ranks, CPU contention alone moves a rank by 10-30 ms a step
     delay = args.get("delay", 0.2)
@@ -131,7 +133,8 @@ def stragglers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     phase2 = {**_gauges(), "windows": done}
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
-    return {"ddp": phase1, "plain": phase2}
+    time.sleep(0.2)  # the callbacks run on the dispatcher's thread
+    return {"ddp": phase1, "plain": phase2, "verdicts": verdicts}
 
 
 def hang(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

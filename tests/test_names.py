@@ -92,6 +92,7 @@ FROZEN_METRICS = {
     ("torchdist.straggler.slowest_rank", "gauge", "{rank}", R, "torchdist_straggler_slowest_rank"),
     ("torchdist.collective.inflight_age", "gauge", "s", R + ("group",), "torchdist_collective_inflight_age_seconds"),
     ("torchdist.collective.hangs", "counter", "{collective}", C, "torchdist_collective_hangs_total"),
+    ("torchdist.collective.hang.missing_rank", "gauge", "{collective}", R + ("op", "group", "missing_rank"), "torchdist_collective_hang_missing_rank"),
     ("torchdist.group.last_started_seq", "gauge", "{collective}", R + ("group",), "torchdist_group_last_started_seq"),
     ("torchdist.group.last_completed_seq", "gauge", "{collective}", R + ("group",), "torchdist_group_last_completed_seq"),
     ("torchdist.train.loss", "gauge", "{loss}", R, "torchdist_train_loss"),
@@ -180,7 +181,8 @@ def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
         "torchdist.step.duration_s", "torchdist.step.compute_s", "torchdist.step.collective_wait_s",
         "torchdist.step.collectives", "torchdist.step.message_bytes", "torchdist.step.loss",
         "torchdist.step.learning_rate", "torchdist.step.samples", "torchdist.step.tokens", "torchdist.phase",
-        "torchdist.hang.waited_s", "torchdist.hang.threshold_s", "torchdist.warning.kind",
+        "torchdist.hang.waited_s", "torchdist.hang.threshold_s", "torchdist.hang.missing_ranks", "torchdist.hang.missing",
+        "torchdist.warning.kind",
         "torchdist.warning.message", "torchdist.node_count", "torchdist.cuda.version", "torchdist.nccl.version",
         "torchdist.gpu.models", "torchdist.gpu.memory_bytes", "torchdist.gpu.count", "torchdist.amp.dtype",
     }  # fmt: skip

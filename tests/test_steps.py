@@ -212,6 +212,14 @@ def test_straggler_signal_names_the_slow_rank(straggler_job, phase, slow):
     assert all(s < 0.25 for i, s in enumerate(scores) if i != slow), results
 
 
+def test_every_rank_is_told_the_straggler_verdicts_through_its_callback(straggler_job):
+    for rank, result in enumerate(straggler_job["results"]):
+        verdicts = result["verdicts"]
+        assert {v["rank"] for v in verdicts} == {rank}
+        assert [(v["window"], v["slowest"]) for v in verdicts] == [(1, 1), (2, 2)], verdicts
+        assert all(v["score"] > 0.2 for v in verdicts)
+
+
 def test_slow_rank_waits_least_and_computes_most(straggler_job):
     # Over both phases each slow rank spent 10 x 200 ms extra computing; the others waited for it.
     computes = [_value(m, n.STEP_COMPUTE_TIME) for m in straggler_job["metrics"]]
@@ -238,6 +246,7 @@ def test_watchdog_fires_on_the_waiting_ranks_while_they_wait(hang_job):
         assert a[n.COLL_SEQ] == 3
         assert 1.5 <= a[n.HANG_WAITED] < 1.5 + 1.5  # within the threshold plus one check interval
         assert hang["events"][0]["name"] == n.HANG_EVENT
+        assert a[n.HANG_MISSING_RANKS] == [0]  # named live, from the hang board
         assert _value(hang_job["metrics"][rank], n.COLLECTIVE_HANGS, op="all_reduce") == 1
     assert not [s for s in hang_job["spans"][0] if s["name"] == n.SPAN_HANG]
 

@@ -1,0 +1,293 @@
+"""GPU verification, for a machine with a CUDA GPU: what the CPU machines this project is built on cannot show.
+
+    python benchmarks/gpu_check.py [--out benchmarks/results/gpu-check.json]
+
+Without CUDA it prints why it skipped and exits 0. With one (or more) GPUs it checks, each in its own
+processes, and prints one line per check and a JSON report:
+
+1. **NCCL, world size 1**: all_reduce of 1 MiB to 256 MiB, each span's duration (the completion hook's
+   GPU-true end) held against CUDA events recorded around the same call on the current stream, timed
+   independently of the library.
+2. **gloo on CUDA tensors, 2 ranks**: all_reduce and broadcast of CUDA tensors are recorded (op, bytes,
+   device) and complete.
+3. **No device synchronization added**: torch.profiler counts cudaDeviceSynchronize, cudaStreamSynchronize
+   and cudaEventSynchronize calls in 50 NCCL all_reduces plain and instrumented; the counts must match.
+4. **NVML sampling**: the library's GPU utilization and memory gauges next to what pynvml reads directly.
+5. **A DDP step's overhead**: median step of a DDP model (NCCL, world size 1) plain vs instrumented.
+
+A failed check prints FAIL and the script exits 1. Until a GPU machine has run it, the docs say the GPU
+paths are unmeasured (docs/performance.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import socket
+import statistics
+import sys
+import tempfile
+import time
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+SIZES = [1 << 20, 16 << 20, 256 << 20]
+SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _init(backend: str, rank: int, world: int, port: int) -> None:
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
+                      LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # fmt: skip
+    dist.init_process_group(backend, rank=rank, world_size=world)
+
+
+def _instrument(folder: str, run_id: str, **extra) -> None:
+    import otel_torchdist
+
+    otel_torchdist.instrument(run_dir=folder, run_id=run_id, traces_exporter="file", metrics_exporter=("file",),
+                              summary="none", trace_first_steps=0, trace_every_steps=1, **extra)  # fmt: skip
+
+
+def _spans(folder: str, run_id: str) -> list[dict]:
+    out = []
+    for path in glob.glob(os.path.join(folder, run_id, "traces.rank*.jsonl")):
+        for line in open(path):
+            for rs in json.loads(line)["resourceSpans"]:
+                for ss in rs["scopeSpans"]:
+                    for s in ss["spans"]:
+                        attrs = {a["key"]: next(iter(a["value"].values())) for a in s["attributes"]}
+                        out.append({"name": s["name"], "attributes": attrs, "start": int(s["startTimeUnixNano"]), "end": int(s["endTimeUnixNano"])})
+    return out
+
+
+# ------------------------------------------------------------------------------------------- checks
+def nccl_vs_cuda_events(rank: int, port: int, folder: str, queue) -> None:
+    """1: NCCL world size 1, span durations against CUDA events."""
+    torch.cuda.set_device(0)
+    _instrument(folder, "nccl-events")
+    _init("nccl", 0, 1, port)
+    events = []
+    for size in SIZES:
+        t = torch.ones(size // 4, device="cuda")
+        for _ in range(5):
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            dist.all_reduce(t)
+            end.record()
+            events.append((size, start, end))
+    torch.cuda.synchronize()
+    measured = [(size, s.elapsed_time(e) / 1000.0) for size, s, e in events]
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    spans = [s for s in _spans(folder, "nccl-events") if s["attributes"].get("torchdist.collective.op") == "all_reduce"]
+    rows = []
+    for size in SIZES:
+        ours = sorted(s["attributes"]["torchdist.collective.duration_s"] for s in spans if s["attributes"].get("torchdist.collective.message_size") == size)
+        theirs = sorted(d for s, d in measured if s == size)
+        sources = {s["attributes"].get("torchdist.collective.end_source") for s in spans if s["attributes"].get("torchdist.collective.message_size") == size}
+        rows.append({"bytes": size, "span_median_s": statistics.median(ours) if ours else None,
+                     "cuda_events_median_s": statistics.median(theirs), "calls": len(ours), "end_sources": sorted(map(str, sources))})  # fmt: skip
+    queue.put(("nccl_vs_cuda_events", rows))
+
+
+def gloo_cuda_tensors(rank: int, port: int, folder: str, queue) -> None:
+    """2: two gloo ranks on CUDA tensors."""
+    torch.cuda.set_device(rank % torch.cuda.device_count())
+    _instrument(folder, "gloo-cuda")
+    _init("gloo", rank, 2, port)
+    t = torch.ones(1 << 18, device="cuda")
+    for _ in range(3):
+        dist.all_reduce(t)
+        dist.broadcast(t, src=0)
+    torch.cuda.synchronize()
+    ok = bool(torch.allclose(t, torch.full_like(t, 8.0)))
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    if rank == 0:
+        spans = [s for s in _spans(folder, "gloo-cuda") if "torchdist.collective.op" in s["attributes"]]
+        counts: dict = {}
+        for s in spans:
+            key = s["attributes"]["torchdist.collective.op"]
+            counts[key] = counts.get(key, 0) + 1
+        queue.put(("gloo_cuda_tensors", {"result_correct": ok, "spans_by_op": counts,
+                                         "bytes": sorted({s["attributes"].get("torchdist.collective.message_size") for s in spans})}))  # fmt: skip
+
+
+def _sync_calls(instrumented: bool, folder: str) -> dict:
+    from torch.profiler import ProfilerActivity, profile
+
+    t = torch.ones(1 << 20, device="cuda")
+    for _ in range(5):
+        dist.all_reduce(t)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        for _ in range(50):
+            dist.all_reduce(t)
+        torch.cuda.synchronize()  # once, by this script, in both runs
+    counts = {name: 0 for name in SYNC_CALLS}
+    for e in prof.events():
+        if e.name in counts:
+            counts[e.name] += 1
+    return counts
+
+
+def no_sync_added(rank: int, port: int, folder: str, queue) -> None:
+    """3: device synchronizations, plain vs instrumented."""
+    torch.cuda.set_device(0)
+    _init("nccl", 0, 1, port)
+    plain = _sync_calls(False, folder)
+    dist.destroy_process_group()
+    _instrument(folder, "sync")
+    _init("nccl", 0, 1, port + 1)
+    instrumented = _sync_calls(True, folder)
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    queue.put(("no_sync_added", {"plain": plain, "instrumented": instrumented}))
+
+
+def nvml_sampling(rank: int, port: int, folder: str, queue) -> None:
+    """4: the library's NVML gauges next to pynvml's own reading."""
+    import pynvml
+
+    torch.cuda.set_device(0)
+    _instrument(folder, "nvml", system_interval=0.5, metric_export_interval=0.5)
+    _init("nccl", 0, 1, port)
+    a = torch.randn(4096, 4096, device="cuda")
+    deadline = time.monotonic() + 4
+    while time.monotonic() < deadline:
+        a = a @ a
+        a = a / a.norm()
+    torch.cuda.synchronize()
+    pynvml.nvmlInit()
+    handle = pynvml.nvmlDeviceGetHandleByIndex(torch.cuda.current_device())
+    direct = {"memory_used_bytes": pynvml.nvmlDeviceGetMemoryInfo(handle).used, "utilization": pynvml.nvmlDeviceGetUtilizationRates(handle).gpu / 100}
+    time.sleep(1.0)
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    last = None
+    for line in open(glob.glob(os.path.join(folder, "nvml", "metrics.rank0.jsonl"))[0]):
+        last = json.loads(line)
+    ours = {}
+    for rm in last["resourceMetrics"]:
+        for sm in rm["scopeMetrics"]:
+            for m in sm["metrics"]:
+                if m["name"] in ("torchdist.gpu.utilization", "torchdist.gpu.memory.used"):
+                    points = (m.get("gauge") or m.get("sum"))["dataPoints"]
+                    ours[m["name"]] = [p.get("asDouble", p.get("asInt")) for p in points]
+    queue.put(("nvml_sampling", {"library": ours, "pynvml": direct}))
+
+
+def ddp_overhead(rank: int, port: int, folder: str, queue) -> None:
+    """5: a DDP step, plain vs instrumented (median of 50 steps after 20 of warm-up)."""
+    import torch.nn as nn
+
+    torch.cuda.set_device(0)
+    _init("nccl", 0, 1, port)
+
+    def run() -> float:
+        torch.manual_seed(0)
+        model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda())
+        opt = torch.optim.SGD(model.parameters(), lr=0.01)
+        x = torch.randn(256, 1024, device="cuda")
+        times = []
+        for i in range(70):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            model(x).sum().backward()
+            opt.step()
+            opt.zero_grad()
+            torch.cuda.synchronize()
+            if i >= 20:
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    plain = run()
+    import otel_torchdist
+
+    otel_torchdist.instrument(run_dir=folder, run_id="ddp", summary="none")
+    instrumented = run()
+    otel_torchdist.uninstrument()
+    plain_again = run()
+    dist.destroy_process_group()
+    queue.put(("ddp_overhead", {"plain_s": plain, "instrumented_s": instrumented, "plain_again_s": plain_again,
+                                "overhead": instrumented / plain - 1}))  # fmt: skip
+
+
+CHECKS = [(nccl_vs_cuda_events, 1), (gloo_cuda_tensors, 2), (no_sync_added, 1), (nvml_sampling, 1), (ddp_overhead, 1)]
+
+
+def verdict(name: str, result) -> tuple[bool, str]:
+    if name == "nccl_vs_cuda_events":
+        bad = [r for r in result if r["span_median_s"] is None or r["end_sources"] != ["nccl_completion_hook"]
+               or abs(r["span_median_s"] - r["cuda_events_median_s"]) > max(0.1 * r["cuda_events_median_s"], 50e-6)]  # fmt: skip
+        return not bad, "; ".join(f"{r['bytes'] >> 20} MiB: span {r['span_median_s']} s vs events {r['cuda_events_median_s']:.6f} s" for r in result)
+    if name == "gloo_cuda_tensors":
+        return result["result_correct"] and result["spans_by_op"].get("all_reduce", 0) >= 6, json.dumps(result)
+    if name == "no_sync_added":
+        return result["plain"] == result["instrumented"], json.dumps(result)
+    if name == "nvml_sampling":
+        used = result["library"].get("torchdist.gpu.memory.used") or []
+        near = bool(used) and abs(used[0] - result["pynvml"]["memory_used_bytes"]) < 0.2 * result["pynvml"]["memory_used_bytes"]
+        return near and bool(result["library"].get("torchdist.gpu.utilization")), json.dumps(result)
+    if name == "ddp_overhead":
+        return True, f"plain {result['plain_s'] * 1e3:.2f} ms, instrumented {result['instrumented_s'] * 1e3:.2f} ms ({result['overhead']:+.1%}), plain again {result['plain_again_s'] * 1e3:.2f} ms"
+    return False, "unknown check"
+
+
+def _run(fn, world: int, folder: str) -> tuple[str, object]:
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _port()
+    procs = [ctx.Process(target=fn, args=(r, port, folder, queue)) for r in range(world)]
+    for p in procs:
+        p.start()
+    try:
+        return queue.get(timeout=600)
+    finally:
+        for p in procs:
+            p.join(60)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu-check.json"))
+    args = parser.parse_args(argv)
+    if not torch.cuda.is_available():
+        print("gpu_check: SKIPPED: no CUDA GPU here (torch.cuda.is_available() is False); nothing was measured")
+        return 0
+    report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())), "checks": {}}
+    failed = False
+    with tempfile.TemporaryDirectory() as folder:
+        for fn, world in CHECKS:
+            name, result = _run(fn, world, folder)
+            ok, line = verdict(name, result)
+            failed |= not ok
+            report["checks"][name] = {"ok": ok, "result": result}
+            print(f"{'ok  ' if ok else 'FAIL'} {name}: {line}", flush=True)
+    os.makedirs(os.path.dirname(args.out), exist_ok=True)
+    with open(args.out, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+    print(f"gpu_check: report in {args.out}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

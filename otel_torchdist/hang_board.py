@@ -1,0 +1,164 @@
+"""Who never arrived: every rank's collective progress on a board in the store, read when a collective hangs.
+
+Each rank publishes, on a thread of its own with a store connection of its own (never a collective: a hung
+group cannot carry it, and gloo and NCCL alike have a TCPStore), where it is on every process group: the
+sequence number it last started and last saw complete, and the oldest collective it has in flight (op,
+sequence number, age), under ``otel_torchdist/<run>/progress/rank<R>``, at most once a second (less often
+on large jobs: a world of W ranks publishes every W/2000 s, so the store takes at most about 2 000 writes a
+second) and only when the watchdog has looked again.
+
+When the watchdog finds a collective in flight past the hang threshold, it asks the board which ranks of
+that group have not started it: one read of the group's keys, bounded by ``LOOKUP_TIMEOUT``. A rank whose
+started sequence number on the group is behind, or that never reported, has not started it; a rank that
+is on the same sequence number with another op is named too (the ranks called different collectives).
+What each of them last started, and how long ago it last reported (a rank that stopped reporting is dead or
+stuck outside Python), goes into the watchdog's log line, its span and a metric.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import queue
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from . import health
+
+LOOKUP_TIMEOUT = 3.0  # seconds the watchdog waits for the board's answer
+STORE_TIMEOUT = datetime.timedelta(seconds=2)  # one store operation: a store gone never stalls the thread longer
+
+
+@dataclass(frozen=True)
+class Missing:
+    """A rank of the group that has not started the collective."""
+
+    rank: int
+    detail: str  # what it last started, and when it last reported
+
+
+def missing_ranks(progress: dict[int, dict | None], ranks: tuple[int, ...], me: int, label: str, seq: int, op: str, now: float) -> list[Missing]:
+    """The ranks of ``ranks`` (global) that have not started collective ``seq`` (``op``) of group ``label``,
+    from each rank's published progress (None: never published)."""
+    out = []
+    for rank in ranks:
+        if rank == me:
+            continue
+        report = progress.get(rank)
+        if report is None:
+            out.append(Missing(rank, "never reported its progress (not instrumented, or gone before its first report)"))
+            continue
+        ago = f"reported {max(now - report['time'], 0.0):.1f} s ago"
+        started, completed, inflight = report["groups"].get(label, (0, 0, None))
+        where = _describe(report["groups"])
+        if started < seq:
+            out.append(Missing(rank, f"last started #{started} on {label}; {where}; {ago}"))
+        elif inflight is not None and inflight[1] == seq and inflight[0] != op:
+            out.append(Missing(rank, f"started #{seq} on {label} as {inflight[0]}, not {op}; {where}; {ago}"))
+    return out
+
+
+def _describe(groups: dict[str, list]) -> str:
+    """Where a rank is: the collective it has been in longest, or nothing in flight."""
+    inflight = [(entry[2][2], label, entry[2]) for label, entry in groups.items() if entry[2] is not None]
+    if not inflight:
+        return "no collective in flight"
+    age, label, (op, seq, _) = max(inflight)
+    return f"in {op} #{seq} on {label} for {age:.1f} s"
+
+
+class HangBoard:
+    def __init__(self, trace_key: str, rank: int, world: int, interval: float) -> None:
+        self.trace_key = trace_key  # the run id and elastic attempt: a restart reads no stale board
+        self.rank = rank
+        self.interval = max(interval, 1.0, world / 2000.0)
+        self._latest: dict | None = None  # the watchdog's last look, not yet published
+        self._requests: queue.Queue = queue.Queue(maxsize=16)
+        self._wake = threading.Event()
+        self._stopping = threading.Event()
+        self._client: Any = None
+        self._thread = threading.Thread(target=self._run, name="otel-torchdist-hang-board", daemon=True)
+
+    def _key(self, rank: int) -> str:
+        return f"otel_torchdist/{self.trace_key}/progress/rank{rank}"
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Ends the thread and its store connection before the store can go away (destroy_process_group)."""
+        self._stopping.set()
+        self._wake.set()
+        if self._thread.is_alive() and self._thread is not threading.current_thread():
+            self._thread.join(timeout=STORE_TIMEOUT.total_seconds() + 1)
+
+    def update(self, groups: dict[str, list]) -> None:
+        """The watchdog's look at this rank: ``{group label: [started, completed, [op, seq, age] | None]}``."""
+        self._latest = {"time": time.time(), "groups": groups}
+
+    def lookup(self, label: str, ranks: tuple[int, ...], seq: int, op: str) -> list[Missing] | None:
+        """The ranks of the group that have not started collective ``seq``; None when the board cannot tell
+        within ``LOOKUP_TIMEOUT`` (no store, the store gone, the board stopped)."""
+        if self._stopping.is_set() or not self._thread.is_alive():
+            return None
+        answer: list = []
+        done = threading.Event()
+        try:
+            self._requests.put_nowait((label, ranks, seq, op, answer, done))
+        except queue.Full:
+            return None
+        self._wake.set()
+        return answer[0] if done.wait(LOOKUP_TIMEOUT) and answer else None
+
+    # ----------------------------------------------------------------------------------- thread
+    def _run(self) -> None:
+        from .stragglers import default_tcp_store
+
+        published = 0.0
+        try:
+            while not self._stopping.is_set():
+                self._wake.wait(self.interval)
+                self._wake.clear()
+                if self._stopping.is_set():
+                    return
+                try:
+                    if self._client is None:
+                        self._client = _connect(default_tcp_store())
+                    self._answer_requests()
+                    latest = self._latest
+                    if latest is not None and time.monotonic() - published >= self.interval:
+                        self._latest = None
+                        self._client.set(self._key(self.rank), json.dumps(latest))
+                        published = time.monotonic()
+                except Exception as exc:
+                    health.error("hang_board", "the hang board could not reach the store; hangs are reported without the missing ranks", exc)
+                    return
+        finally:
+            self._client = None
+            self._stopping.set()
+
+    def _answer_requests(self) -> None:
+        while True:
+            try:
+                label, ranks, seq, op, answer, done = self._requests.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                keys = [self._key(r) for r in ranks]
+                # one round trip when every rank has reported (the usual case), else one per rank
+                present = list(ranks) if self._client.check(keys) else [r for r, key in zip(ranks, keys) if self._client.check([key])]
+                values = self._client.multi_get([self._key(r) for r in present]) if present else []
+                progress: dict[int, dict | None] = {r: json.loads(v) for r, v in zip(present, values)}
+                answer.append(missing_ranks(progress, ranks, self.rank, label, seq, op, time.time()))
+            finally:
+                done.set()
+
+
+def _connect(store: Any) -> Any:
+    import torch.distributed as dist
+
+    if store is None:
+        raise RuntimeError("the default process group's store is not a TCPStore")
+    return dist.TCPStore(store.host, store.port, is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)

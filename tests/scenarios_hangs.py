@@ -1,0 +1,72 @@
+"""Hangs whose missing ranks the hang board must name, inside real gloo ranks (tests/test_hang_board.py).
+
+Every rank runs two collectives on the world group (all_reduce #1, barrier #2), lets the hang board publish,
+then calls one more all_reduce: on the world group, or with ``args["pairs"]`` on its pair ({0, 1}, {2, 3}).
+``args["late"]`` maps a rank to the seconds it sleeps first (it has not started the collective while the
+others wait in it past the 1 s threshold); ``args["stopped"]`` names a rank that freezes itself with
+SIGSTOP instead (alive, its connections open, but its watchdog and board threads stopped, as a process stuck
+in a driver call or swapped out would be) until rank 0 sends it SIGCONT ``args["stopped_s"]`` seconds later.
+"""
+
+from __future__ import annotations
+
+import datetime
+import logging
+import os
+import signal
+import threading
+import time
+
+import torch
+import torch.distributed as dist
+
+import otel_torchdist
+
+
+class _Lines(logging.Handler):
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.lines: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.lines.append(record.getMessage())
+
+
+def late(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    lines = _Lines()
+    logging.getLogger("otel_torchdist").addHandler(lines)
+    events: list = []
+    otel_torchdist.on_hang(lambda e: events.append({"op": e.op, "group": e.group, "seq": e.seq, "missing_ranks": list(e.missing_ranks), "missing": list(e.missing)}))
+    # a callback that raises and one that blocks change nothing for training, the watchdog or the others
+    otel_torchdist.on_hang(lambda e: 1 / 0)
+    otel_torchdist.on_hang(lambda e: time.sleep(3600))
+    dist.init_process_group("gloo", rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=60))
+    otel_torchdist.instrument(
+        run_dir=os.path.join(out, "runs"), run_id=args["run_id"], traces_exporter="file", metrics_exporter=("file",),
+        summary="none", drain_interval=0.05, system_metrics=False, hang_threshold=1.0, metric_export_interval=0.5,
+        span_schedule_delay=0.5, straggler_exchange_steps=0,
+    )  # fmt: skip
+    pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if args.get("pairs") else None
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    time.sleep(1.5)  # every board has published once
+    stopped = args.get("stopped")
+    if rank == stopped:
+        with open(os.path.join(out, f"pid.rank{rank}.tmp"), "w") as f:
+            f.write(str(os.getpid()))
+        os.replace(os.path.join(out, f"pid.rank{rank}.tmp"), os.path.join(out, f"pid.rank{rank}"))
+        os.kill(os.getpid(), signal.SIGSTOP)
+    elif rank == 0 and stopped is not None:
+        pid_file = os.path.join(out, f"pid.rank{stopped}")
+        while not os.path.exists(pid_file):
+            time.sleep(0.05)
+        pid = int(open(pid_file).read())
+        threading.Timer(args["stopped_s"], os.kill, (pid, signal.SIGCONT)).start()
+    time.sleep(args.get("late", {}).get(str(rank), 0.0))
+    group = pairs[rank // 2] if pairs else None
+    dist.all_reduce(torch.ones(4), group=group)
+    dist.barrier()
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    time.sleep(0.2)  # the callbacks run on the dispatcher's thread
+    return {"hang_lines": [line for line in lines.lines if "in flight for" in line], "hang_events": events}

@@ -1,0 +1,120 @@
+"""The live hang report names the ranks that never came (otel_torchdist/hang_board.py): real gloo ranks, one
+or two of them late to a collective or frozen, the waiting ranks' log line, span event and metric read back.
+Each job's ranks sleep a few seconds on purpose; the pure matching rules are tested first, without ranks."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from otel_torchdist import hang_board
+from otel_torchdist import names as n
+
+from .harness import read_metric_lines, read_spans, run_ranks
+
+# ------------------------------------------------------------------------------------------- matching
+NOW = 1000.0
+
+
+def _report(started: int, inflight=None, age: float = 0.5, label: str = "default_pg") -> dict:
+    return {"time": NOW - age, "groups": {label: [started, started - 1, inflight]}}
+
+
+def test_a_rank_behind_on_the_group_has_not_started_it_and_says_where_it_is():
+    progress = {0: _report(3, ["all_reduce", 3, 2.0]), 1: _report(2), 2: _report(3, ["all_reduce", 3, 2.0])}
+    (missing,) = hang_board.missing_ranks(progress, (0, 1, 2), 0, "default_pg", 3, "all_reduce", NOW)
+    assert missing.rank == 1
+    assert missing.detail == "last started #2 on default_pg; no collective in flight; reported 0.5 s ago"
+
+
+def test_a_rank_that_never_reported_or_stopped_reporting_is_named_with_its_silence():
+    progress = {0: _report(3), 1: None, 2: _report(1, age=42.0)}
+    missing = hang_board.missing_ranks(progress, (0, 1, 2), 0, "default_pg", 3, "all_reduce", NOW)
+    assert [m.rank for m in missing] == [1, 2]
+    assert "never reported" in missing[0].detail and "reported 42.0 s ago" in missing[1].detail
+
+
+def test_a_rank_in_another_collective_with_the_same_number_is_named():
+    progress = {0: _report(3, ["all_reduce", 3, 2.0]), 1: _report(3, ["barrier", 3, 2.0])}
+    (missing,) = hang_board.missing_ranks(progress, (0, 1), 0, "default_pg", 3, "all_reduce", NOW)
+    assert missing.rank == 1 and missing.detail.startswith("started #3 on default_pg as barrier, not all_reduce")
+
+
+def test_a_rank_stuck_on_another_group_says_so():
+    progress = {0: _report(3), 1: {"time": NOW, "groups": {"default_pg": [2, 2, None], "pg1": [7, 6, ["broadcast", 7, 9.5]]}}}
+    (missing,) = hang_board.missing_ranks(progress, (0, 1), 0, "default_pg", 3, "all_reduce", NOW)
+    assert "in broadcast #7 on pg1 for 9.5 s" in missing.detail
+
+
+def test_ranks_ahead_or_in_it_are_not_missing():
+    progress = {0: _report(3, ["all_reduce", 3, 2.0]), 1: _report(4), 2: _report(3, ["all_reduce", 3, 1.0])}
+    assert hang_board.missing_ranks(progress, (0, 1, 2), 0, "default_pg", 3, "all_reduce", NOW) == []
+
+
+# ------------------------------------------------------------------------------------------ real ranks
+def _job(tmp_path_factory, ws: int, args: dict) -> dict:
+    out = str(tmp_path_factory.mktemp(f"hangboard{ws}"))
+    results = run_ranks("scenarios_hangs:late", ws, out, args, timeout=180)
+    folder = os.path.join(out, "runs", args["run_id"])
+    hangs, missing = [], []
+    for r in range(ws):
+        hangs.append([s for s in read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) if s["name"] == n.SPAN_HANG])
+        points = set()
+        for doc in read_metric_lines(os.path.join(folder, f"metrics.rank{r}.jsonl")):
+            for rm in doc["resourceMetrics"]:
+                for sm in rm["scopeMetrics"]:
+                    for m in sm["metrics"]:
+                        if m["name"] == n.COLLECTIVE_HANG_MISSING.name:
+                            for dp in m["gauge"]["dataPoints"]:
+                                a = {x["key"]: next(iter(x["value"].values())) for x in dp["attributes"]}
+                                points.add((a[n.M_OP], a[n.M_GROUP], a[n.M_MISSING_RANK], int(dp.get("asInt", dp.get("asDouble")))))
+        missing.append(points)
+    return {"results": results, "hangs": hangs, "missing": missing}
+
+
+def _missing_event(span: dict) -> dict:
+    (event,) = [e for e in span["events"] if e["name"] == n.HANG_MISSING_EVENT]
+    return {a["key"]: [next(iter(v.values())) for v in a["value"]["arrayValue"]["values"]] for a in event["attributes"]}
+
+
+def test_two_ranks_the_waiting_rank_names_the_late_one_live(tmp_path_factory):
+    job = _job(tmp_path_factory, 2, {"run_id": "late2", "late": {"1": 4.0}})
+    (hang,) = job["hangs"][0]
+    assert hang["attributes"][n.HANG_MISSING_RANKS] == [1]
+    event = _missing_event(hang)
+    assert event[n.HANG_MISSING_RANKS] == ["1"] or event[n.HANG_MISSING_RANKS] == [1]
+    (detail,) = event[n.HANG_MISSING_DETAIL]
+    assert detail.startswith("last started #2 on default_pg; no collective in flight; reported ")
+    (line,) = job["results"][0]["hang_lines"]
+    assert "all_reduce on group default_pg (sequence number 3)" in line and "not started by rank 1 (last started #2" in line
+    assert job["missing"][0] == {("all_reduce", "default_pg", "1", 3)}
+    assert job["hangs"][1] == [] and job["results"][1]["hang_lines"] == []
+    # the training process's own callback got it too (beside one that raised and one that never returns)
+    (event,) = job["results"][0]["hang_events"]
+    assert (event["op"], event["group"], event["seq"], event["missing_ranks"]) == ("all_reduce", "default_pg", 3, [1])
+    assert event["missing"] == [detail]
+    assert job["results"][1]["hang_events"] == []
+
+
+def test_four_ranks_two_late_ranks_on_different_groups_are_each_named_by_their_peer(tmp_path_factory):
+    job = _job(tmp_path_factory, 4, {"run_id": "late4", "pairs": True, "late": {"1": 4.0, "3": 4.0}})
+    for waiting, late in ((0, 1), (2, 3)):
+        (hang,) = job["hangs"][waiting]
+        group = hang["attributes"][n.COLL_GROUP_LABEL]
+        assert hang["attributes"][n.HANG_MISSING_RANKS] == [late], hang["attributes"]
+        (line,) = job["results"][waiting]["hang_lines"]
+        assert f"not started by rank {late} (last started #0 on {group}" in line
+        assert {(op, g, r) for op, g, r, _ in job["missing"][waiting]} == {("all_reduce", group, str(late))}
+    assert job["hangs"][1] == job["hangs"][3] == []
+
+
+def test_three_ranks_a_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp_path_factory):
+    job = _job(tmp_path_factory, 3, {"run_id": "frozen3", "stopped": 2, "stopped_s": 5.0})
+    for waiting in (0, 1):
+        (hang,) = job["hangs"][waiting]
+        assert hang["attributes"][n.HANG_MISSING_RANKS] == [2]
+        (line,) = job["results"][waiting]["hang_lines"]
+        assert "not started by rank 2 (last started #2 on default_pg; no collective in flight; reported" in line
+        silent = float(line.split("reported ")[1].split(" s ago")[0])
+        assert silent >= 1.0  # its board stopped with it: its last report is older than the hang threshold
