@@ -6,6 +6,7 @@ without Go."""
 
 from __future__ import annotations
 
+import glob
 import json
 import os
 import subprocess
@@ -55,7 +56,7 @@ def traces(tmp_path_factory):
                     found[service] = data
                     break
                 time.sleep(1)
-        yield {"traces": found, "stack": running}
+        yield {"traces": found, "stack": running, "folder": folder}
     finally:
         running.stop()
 
@@ -83,12 +84,30 @@ def test_searching_by_tag_finds_the_right_spans(traces):
     for tags, check in (
         ({n.COLL_OP: "all_reduce"}, lambda s: s["attributes"].get(n.COLL_OP) == "all_reduce"),
         ({n.RANK: "1"}, lambda s: s["resource"].get(n.RANK) == 1),
+        ({n.COLL_GROUP_LABEL: "default_pg"}, lambda s: s["attributes"].get(n.COLL_GROUP_LABEL) == "default_pg"),
     ):
         query = urllib.parse.urlencode({"service": "stack-grpc", "tags": json.dumps(tags), "limit": 50, "lookback": "1h"})
         data = stack.get_json(f"{QUERY}/api/traces?{query}")["data"]
         assert data, tags
         for trace in data:
             assert any(check(s) for s in stack.jaeger_spans(trace)), tags
+
+
+def test_jaeger_shows_each_span_with_the_attributes_the_library_wrote(traces):
+    """Every collective span in Jaeger carries exactly the attributes the same span has in the run folder's
+    copy (the library's own encoding, which docs/opentelemetry.md documents); arrays arrive as JSON text."""
+    from .harness import collective_spans, read_spans
+
+    folder = os.path.join(traces["folder"], "stack-grpc")
+    written = {}
+    for path in glob.glob(os.path.join(folder, "*", "traces.rank*.jsonl")):
+        written.update({s["spanId"]: s for s in collective_spans(read_spans(path))})
+    shown = [s for trace in traces["traces"]["stack-grpc"] for s in stack.jaeger_spans(trace) if s["spanId"] in written]
+    assert len(shown) > 100, len(shown)
+    for span in shown:
+        expected = written[span["spanId"]]["attributes"]
+        got = {k: json.loads(v) if isinstance(v, str) and isinstance(expected.get(k), list) else v for k, v in span["attributes"].items()}
+        assert {k: got.get(k) for k in expected} == expected, span["name"]
 
 
 def test_a_burst_of_spans_reaches_jaeger_whole(traces):
