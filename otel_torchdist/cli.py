@@ -235,6 +235,10 @@ def cmd_compare(args: argparse.Namespace, parser: argparse.ArgumentParser) -> in
 def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .analysis.plot import StepNotTraced, plot_run
 
+    try:
+        import matplotlib  # noqa: F401  (only this command needs it: an extra, not a training dependency)
+    except ImportError:
+        raise _Failed("plot needs matplotlib, which a plain install leaves out: pip install 'otel-torchdist[plot]'") from None
     if os.path.exists(args.output) and not os.path.isdir(args.output):
         parser.error(f"-o/--output must be a folder, and {args.output} is a file")
     report = _analyze_or_fail(args.run, noise_level=1)

@@ -785,6 +785,7 @@ NODE_MERGE: dict[str, str] = {
     STRAGGLER_SCORE.name: "max",
     STRAGGLER_SLOWEST.name: "max",
     COLLECTIVE_INFLIGHT_AGE.name: "max",
+    COLLECTIVE_HANG_MISSING.name: "max",  # per missing rank: the highest hung sequence number any rank waits in
     GROUP_SEQ_STARTED.name: "max",
     GROUP_SEQ_COMPLETED.name: "min",
     TRAIN_LOSS.name: "mean",

@@ -446,6 +446,14 @@ def test_errors_name_the_flag(argv, message, capsys):
     assert message in capsys.readouterr().err
 
 
+def test_plot_without_matplotlib_names_the_extra_to_install(runs, tmp_path, capsys, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # what `import matplotlib` meets when it is not installed
+    code, _, err = run_cli(capsys, "plot", runs.demo, "-o", str(tmp_path / "png"))
+    assert code == 1
+    assert err.strip() == "otel-torchdist plot: error: plot needs matplotlib, which a plain install leaves out: pip install 'otel-torchdist[plot]'"
+    assert not (tmp_path / "png").exists()
+
+
 def test_export_and_plot_errors_name_the_flag(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["export", runs.demo])
