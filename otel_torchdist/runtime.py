@@ -176,6 +176,10 @@ class Runtime:
             ddp.adopt_existing()
         except Exception as exc:
             health.error("ddp", "could not adopt DDP models built before instrument()", exc)
+        try:
+            dtensor.adopt_existing()
+        except Exception as exc:
+            health.error("sharding", "could not adopt models parallelized before instrument()", exc)
 
     def _install_capture(self, name: str, module: Any) -> None:
         if self._closed:

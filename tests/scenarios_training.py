@@ -169,15 +169,32 @@ class TPMLP(nn.Module):
 
 
 def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
-    """A Colwise/Rowwise TP MLP, forward and backward, inside CommDebugMode: its counts are the oracle."""
+    """A Colwise/Rowwise TP MLP, forward and backward, inside CommDebugMode: its counts are the oracle.
+
+    ``args["order"]``: "after" (parallelized once instrumented), "before" (parallelized, then instrumented:
+    the usual order) or "local_import" (parallelize_module imported inside a function before instrument(),
+    so the library's wrapper never sees the call, only tensor parallel's own distribute_module calls);
+    ``args["input_grad"]``: the input requires grad, so ColwiseParallel's backward all-reduces it."""
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.debug import CommDebugMode
 
+    order = args.get("order", "after")
+    run = args.get("run", "tp")
     dist.init_process_group("gloo", rank=rank, world_size=ws)
-    _instrument(out, f"tp-ws{ws}")
     mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("tp",))
-    model = parallelize_module(TPMLP(), mesh, {"net1": ColwiseParallel(), "net2": RowwiseParallel()})
-    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7))
+    plan = {"net1": ColwiseParallel(), "net2": RowwiseParallel()}
+    if order == "before":
+        model = parallelize_module(TPMLP(), mesh, plan)
+        _instrument(out, f"{run}-ws{ws}")
+    elif order == "local_import":
+        from torch.distributed.tensor.parallel import parallelize_module as parallelize_here
+
+        _instrument(out, f"{run}-ws{ws}")
+        model = parallelize_here(TPMLP(), mesh, plan)
+    else:
+        _instrument(out, f"{run}-ws{ws}")
+        model = parallelize_module(TPMLP(), mesh, plan)
+    x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)).requires_grad_(args.get("input_grad", False))
     steps = args.get("steps", 2)
     module_counts: dict = {}
     comm_counts: Counter = Counter()

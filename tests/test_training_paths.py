@@ -310,6 +310,26 @@ def test_tp_per_module_per_phase_counts_equal_comm_debug_modes(tp_job):
         assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
 
 
+@pytest.fixture(scope="module", params=("before", "local_import", "after"))
+def tp_grad_job(request, tmp_path_factory):
+    """The TP MLP with an input that requires grad (backward all-reduces it), parallelized in each order."""
+    run = f"tp-{request.param.replace('_', '-')}"
+    return _job(tmp_path_factory, "tensor_parallel", 2, run, {"steps": 2, "order": request.param, "input_grad": True, "run": run})
+
+
+def test_tp_backward_and_any_order_count_per_module_and_phase_as_comm_debug_mode(tp_grad_job):
+    """Forward and backward collectives name their module as CommDebugMode does (TPMLP.net2 forward,
+    TPMLP.net1 backward), whether the model was parallelized before instrument(), through a
+    parallelize_module imported before it, or after it."""
+    for rank in range(tp_grad_job["ws"]):
+        result = tp_grad_job["results"][rank]
+        training = [s for s in _collectives(tp_grad_job["spans"][rank]) if _a(s, n.COLL_PHASE) in ("forward", "backward")]
+        theirs = {m: {p: ops for p, ops in phases.items() if ops} for m, phases in result["module_counts"].items()}
+        assert theirs.get("TPMLP.net1", {}).get("backward"), theirs  # the oracle sees the backward all-reduce
+        assert _hierarchical(training) == theirs
+        assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
+
+
 def test_functional_collectives_end_at_their_wait_even_through_a_view(tp_job):
     for rank in range(tp_job["ws"]):
         spans = _collectives(tp_job["spans"][rank])

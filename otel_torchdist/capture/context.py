@@ -14,6 +14,7 @@ inside a module's forward keeps the module.
 
 from __future__ import annotations
 
+import sys
 import weakref
 from typing import Any
 
@@ -70,33 +71,101 @@ def current() -> tuple | None:
 
 
 # --------------------------------------------------------------------------------------- module tracking
+_CALL_FRAMES = frozenset(("_call_impl", "_wrapped_call_impl"))
+
+
+def _outermost_module_called() -> Any:
+    """The outermost ``nn.Module`` whose ``__call__`` is on this thread's stack (the model the training loop
+    called), or None."""
+    import torch.nn as nn
+
+    outer = None
+    frame = sys._getframe(1)
+    while frame is not None:
+        if frame.f_code.co_name in _CALL_FRAMES:
+            owner = frame.f_locals.get("self")
+            if isinstance(owner, nn.Module):
+                outer = owner
+        frame = frame.f_back
+    return outer
+
+
+def class_name(module: Any) -> str:
+    """The model's own class name: fully_shard swaps a module's class for ``FSDP<Class>`` (FSDPModule, Class)."""
+    cls = type(module)
+    bases = cls.__bases__
+    if len(bases) >= 2 and cls.__name__ == f"FSDP{bases[-1].__name__}":
+        return bases[-1].__name__
+    return cls.__name__
+
+
 class ModuleTracker:
     """Per-module forward hooks on the modules of models a framework parallelized (tensor parallel).
 
     Only those modules get hooks (not every module in the process, as a global hook would), so models
     that issue no collectives in forward pay nothing. The pre-hook is prepended and the post-hook appended,
     so the context covers the framework's own input and output hooks: the collectives a ``RowwiseParallel``
-    output hook issues belong to that module, as CommDebugMode counts them. Module names are
-    ``RootClass.fqn`` (the root alone: ``RootClass``), CommDebugMode's convention.
+    output hook issues belong to that module, as CommDebugMode counts them.
+
+    Names are CommDebugMode's: the class of the model the training loop calls, then the module's path in it
+    (``MLP.net2``; the model alone: ``MLP``). The tracked module may be any part of that model (tensor
+    parallel applies a style to each ``Linear``; a model may be parallelized block by block, or before
+    ``instrument()`` and found then), so a tracked tree is named at its first forward, from the outermost
+    module being called on the stack at that moment.
     """
 
     def __init__(self) -> None:
         self._handles: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its two handles
+        self._roots: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> (tracked root ref, path)
+        self._names: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> name, once resolved
 
     def track(self, root: Any) -> None:
-        """Hook ``root`` and its submodules, named from ``root``; an outer root renames what an inner one
-        (``parallelize_module`` calling ``distribute_module``) hooked first."""
-        root_name = type(root).__name__
+        """Hook ``root`` and its submodules; an outer root re-hooks what an inner one hooked first."""
+        ref = weakref.ref(root)
         for fqn, module in root.named_modules():
             old = self._handles.pop(module, None)
             if old is not None:
                 for handle in old:
                     handle.remove()
-            name = f"{root_name}.{fqn}" if fqn else root_name
+            self._roots[module] = (ref, fqn)
+            self._names.pop(module, None)
             self._handles[module] = (
-                module.register_forward_pre_hook(_pre_hook(name), prepend=True),
-                module.register_forward_hook(_post_hook(), always_call=True),
+                module.register_forward_pre_hook(self._pre_hook, prepend=True),
+                module.register_forward_hook(_post_hook, always_call=True),
             )
+
+    def tracked(self, module: Any) -> bool:
+        return module in self._handles
+
+    def _pre_hook(self, module, args):
+        name = self._names.get(module)
+        if name is None:
+            name = self._resolve(module)
+        stack = getattr(TLS, "module_tokens", None)
+        if stack is None:
+            stack = TLS.module_tokens = []
+        # The input as the caller passed it, before the framework's own input hook converts it (tensor
+        # parallel's backward collective sits between the two): where this module's backward ends.
+        stack.append((push(module=name, phase="forward"), _first_needing_grad(args)))
+        # None: a forward pre-hook that returns a value replaces the module's input.
+
+    def _resolve(self, module) -> str:
+        """Name ``module``'s tracked tree from the model being called now."""
+        ref, fqn = self._roots.get(module, (None, ""))
+        root = ref() if ref is not None else None
+        if root is None:
+            return class_name(module)
+        base = class_name(root)
+        outer = _outermost_module_called()
+        if outer is not None and outer is not root:
+            path = next((p for p, m in outer.named_modules() if m is root), None)
+            if path:
+                base = f"{class_name(outer)}.{path}"
+        for sub_fqn, sub in root.named_modules():
+            entry = self._roots.get(sub)
+            if entry is not None and entry[0] is ref:
+                self._names[sub] = f"{base}.{sub_fqn}" if sub_fqn else base
+        return self._names.get(module) or (f"{base}.{fqn}" if fqn else base)
 
     def remove(self) -> None:
         for handles in list(self._handles.values()):
@@ -106,27 +175,60 @@ class ModuleTracker:
                 except Exception:
                     pass
         self._handles = weakref.WeakKeyDictionary()
+        self._roots = weakref.WeakKeyDictionary()
+        self._names = weakref.WeakKeyDictionary()
 
 
-def _pre_hook(name: str):
-    def pre(module, args):
-        stack = getattr(TLS, "module_tokens", None)
-        if stack is None:
-            stack = TLS.module_tokens = []
-        stack.append(push(module=name, phase="forward"))
-        # None: a forward pre-hook that returns a value replaces the module's input.
+def _post_hook(module, args, output):
+    stack = getattr(TLS, "module_tokens", None)
+    if stack:
+        token, given = stack.pop()
+        ctx = TLS.ctx
+        pop(token)
+        if given is not None and ctx is not None and ctx[MODULE] is not None:
+            _watch_backward(ctx[MODULE], given, output)
+    # Must return None: a returned value would replace the module's output.
 
-    return pre
+
+def _first_needing_grad(value: Any) -> Any:
+    import torch
+
+    if isinstance(value, torch.Tensor):
+        return value if value.requires_grad else None
+    if isinstance(value, (tuple, list)):
+        for item in value:
+            found = _first_needing_grad(item)
+            if found is not None:
+                return found
+    return None
 
 
-def _post_hook():
-    def post(module, args, output):
-        stack = getattr(TLS, "module_tokens", None)
-        if stack:
-            pop(stack.pop())
-        # Must return None: a returned value would replace the module's output.
+def _watch_backward(name: str, inp: Any, output: Any) -> None:
+    """The module's backward as a context too: from the moment the gradient of its output is computed to
+    the moment the gradient of its input is (tensor hooks, only where both need a gradient), so the
+    collectives tensor parallel issues in backward (ColwiseParallel's input gradient) carry the module, as
+    CommDebugMode counts them. A backward that never reaches the input ends the context with its graph."""
+    out = _first_needing_grad(output)
+    if out is None:
+        return
+    state: list = []  # the token while this module's backward runs
 
-    return post
+    def enter(grad):
+        if not state:
+            state.append(push(module=name, phase="backward"))
+            try:
+                from torch.autograd import Variable
+
+                Variable._execution_engine.queue_callback(leave)
+            except Exception:
+                pass
+
+    def leave(*_):
+        if state:
+            pop(state.pop())
+
+    out.register_hook(enter)
+    inp.register_hook(leave)
 
 
 TRACKER = ModuleTracker()

@@ -165,6 +165,58 @@ def _track_module(args, kwargs, result):
     context.TRACKER.track(_arg(args, kwargs, 0, "module"))
 
 
+def adopt_existing() -> None:
+    """Models parallelized before instrument() (the usual order: build, parallelize, then set up telemetry):
+    track the modules that hold DTensor parameters, as parallelize_module's wrapper would have. A model
+    only FSDP2 shards (one mesh dimension, every DTensor parameter FSDP's) is left alone: FSDP's own capture
+    names its units."""
+    tensor_api = sys.modules.get("torch.distributed.tensor")
+    if tensor_api is None:
+        return  # DTensor never imported: nothing can be parallelized
+    import gc
+
+    import torch.nn as nn
+
+    dtensor = tensor_api.DTensor
+    classes = [nn.Module]
+    for cls in classes:
+        classes.extend(cls.__subclasses__())
+    # A module refers to its class (tp_traverse of heap types): the collector finds them in C, one pass.
+    owners = []
+    for obj in gc.get_referrers(*classes):
+        if isinstance(obj, nn.Module) and not context.TRACKER.tracked(obj):
+            own = [p for p in obj._parameters.values() if isinstance(p, dtensor)]
+            if own:
+                owners.append((obj, own))
+    if not owners:
+        return
+    fsdp_only = _fsdp_only_params()
+    for module, own in owners:
+        if not all(id(p) in fsdp_only for p in own):
+            context.TRACKER.track(module)
+
+
+def _fsdp_only_params() -> set[int]:
+    """ids of the DTensor parameters FSDP2 shards over one mesh dimension (no tensor parallel in them)."""
+    try:
+        from torch.distributed.fsdp import FSDPModule
+    except ImportError:
+        return set()
+    import gc
+
+    classes = [FSDPModule]
+    for cls in classes:
+        classes.extend(cls.__subclasses__())
+    out: set[int] = set()
+    for unit in gc.get_referrers(*classes):
+        if isinstance(unit, FSDPModule):
+            for p in unit.parameters():
+                mesh = getattr(p, "device_mesh", None)
+                if mesh is not None and mesh.ndim == 1:
+                    out.add(id(p))
+    return out
+
+
 def _binding_patches(original: Any, name: str, make) -> list[Patch]:
     """A Patch for every loaded module that holds ``original`` under ``name``."""
     out = []

@@ -58,13 +58,7 @@ def _root_class(module: Any) -> str | None:
         return None
 
 
-def _class_name(module: Any) -> str:
-    """The model's own class name: fully_shard swaps a module's class for ``FSDP<Class>`` (FSDPModule, Class)."""
-    cls = type(module)
-    bases = cls.__bases__
-    if len(bases) >= 2 and cls.__name__ == f"FSDP{bases[-1].__name__}":
-        return bases[-1].__name__
-    return cls.__name__
+_class_name = context.class_name
 
 
 def _wrap_group_method(action: str):
