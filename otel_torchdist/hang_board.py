@@ -114,7 +114,7 @@ class HangBoard:
 
     # ----------------------------------------------------------------------------------- thread
     def _run(self) -> None:
-        from .stragglers import default_tcp_store
+        from .stragglers import connect_store
 
         published = 0.0
         try:
@@ -125,7 +125,7 @@ class HangBoard:
                     return
                 try:
                     if self._client is None:
-                        self._client = _connect(default_tcp_store())
+                        self._client = connect_store(STORE_TIMEOUT)
                     self._answer_requests()
                     latest = self._latest
                     if latest is not None and time.monotonic() - published >= self.interval:
@@ -146,19 +146,12 @@ class HangBoard:
             except queue.Empty:
                 return
             try:
-                keys = [self._key(r) for r in ranks]
+                keys = {r: self._key(r) for r in ranks}
                 # one round trip when every rank has reported (the usual case), else one per rank
-                present = list(ranks) if self._client.check(keys) else [r for r, key in zip(ranks, keys) if self._client.check([key])]
-                values = self._client.multi_get([self._key(r) for r in present]) if present else []
+                present = list(ranks) if self._client.check(list(keys.values())) else [r for r in ranks if self._client.check([keys[r]])]
+                values = self._client.multi_get([keys[r] for r in present]) if present else []
                 progress: dict[int, dict | None] = {r: json.loads(v) for r, v in zip(present, values)}
                 answer.append(missing_ranks(progress, ranks, self.rank, label, seq, op, time.time()))
             finally:
                 done.set()
 
-
-def _connect(store: Any) -> Any:
-    import torch.distributed as dist
-
-    if store is None:
-        raise RuntimeError("the default process group's store is not a TCPStore")
-    return dist.TCPStore(store.host, store.port, is_master=False, timeout=STORE_TIMEOUT, wait_for_workers=False)

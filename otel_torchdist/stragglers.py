@@ -51,14 +51,15 @@ def default_tcp_store() -> Any:
     return store if isinstance(store, dist.TCPStore) else None
 
 
-def connect_store() -> Any:
-    """A client connection of this thread's own to the default process group's TCPStore."""
+def connect_store(timeout: datetime.timedelta = TIMEOUT) -> Any:
+    """A client connection of this thread's own to the default process group's TCPStore, each operation
+    bounded by ``timeout``."""
     import torch.distributed as dist
 
     store = default_tcp_store()
     if store is None:
         raise RuntimeError("the default process group's store is not a TCPStore")
-    return dist.TCPStore(store.host, store.port, is_master=False, timeout=TIMEOUT, wait_for_workers=False)
+    return dist.TCPStore(store.host, store.port, is_master=False, timeout=timeout, wait_for_workers=False)
 
 
 def stop_worker(thread: threading.Thread, stopping: threading.Event, work: queue.Queue, timeout: float) -> None:

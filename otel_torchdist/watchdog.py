@@ -104,8 +104,7 @@ class Watchdog:
 
     def check(self) -> None:
         now = perf_counter_ns()
-        ages: dict[str, float] = {}
-        oldest: dict[str, tuple[float, list]] = {}
+        oldest: dict[str, tuple[float, list]] = {}  # group label -> (age, record) of its oldest in flight
         seen: set[int] = set()
         late = []
         for rec in self.in_flight():
@@ -114,12 +113,11 @@ class Watchdog:
             seen.add(id(rec))
             gi = groups.BY_ID[rec[R.GROUP]]
             age = (now - rec[R.T_START]) / 1e9
-            if age >= ages.get(gi.label, -1.0):
-                ages[gi.label] = age
+            if age >= oldest.get(gi.label, (-1.0,))[0]:
                 oldest[gi.label] = (age, rec)
             if age > self.threshold and id(rec) not in self._reported:
                 late.append((rec, gi, age))
-        self._ages = ages
+        self._ages = {label: age for label, (age, _) in oldest.items()}
         if self.board is not None:
             # published before a hang is looked up: the other ranks read this rank's place on every group
             self.board.update({gi.label: [gi.last_started(), gi.last_completed, self._where(oldest.get(gi.label))] for gi in groups.all_groups()})

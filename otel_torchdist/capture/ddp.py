@@ -599,10 +599,10 @@ def patches() -> list[Patch]:
     ]
 
 
-def _subclasses(cls: type) -> list[type]:
+def subclasses(cls: type) -> list[type]:
     out = [cls]
     for sub in cls.__subclasses__():
-        out += _subclasses(sub)
+        out += subclasses(sub)
     return out
 
 
@@ -612,7 +612,7 @@ def adopt_existing() -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return  # no process group yet, so no DDP either
-    classes = _subclasses(DDP)
+    classes = subclasses(DDP)
     # An instance refers to its class (tp_traverse of heap types): the collector finds them in C, ~7x
     # faster than walking gc.get_objects() in Python, which took 0.25 s per 3 million objects.
     for obj in gc.get_referrers(*classes):

@@ -177,38 +177,34 @@ def adopt_existing() -> None:
 
     import torch.nn as nn
 
+    from .ddp import subclasses
+
     dtensor = tensor_api.DTensor
-    classes = [nn.Module]
-    for cls in classes:
-        classes.extend(cls.__subclasses__())
-    # A module refers to its class (tp_traverse of heap types): the collector finds them in C, one pass.
+    # A module refers to its class (tp_traverse of heap types): the collector finds every module in C, in
+    # one pass (FSDP2's units among them).
+    modules = [obj for obj in gc.get_referrers(*subclasses(nn.Module)) if isinstance(obj, nn.Module)]
     owners = []
-    for obj in gc.get_referrers(*classes):
-        if isinstance(obj, nn.Module) and not context.TRACKER.tracked(obj):
-            own = [p for p in obj._parameters.values() if isinstance(p, dtensor)]
+    for module in modules:
+        if not context.TRACKER.tracked(module):
+            own = [p for p in module._parameters.values() if isinstance(p, dtensor)]
             if own:
-                owners.append((obj, own))
+                owners.append((module, own))
     if not owners:
         return
-    fsdp_only = _fsdp_only_params()
+    fsdp_only = _fsdp_only_params(modules)
     for module, own in owners:
         if not all(id(p) in fsdp_only for p in own):
             context.TRACKER.track(module)
 
 
-def _fsdp_only_params() -> set[int]:
+def _fsdp_only_params(modules: list) -> set[int]:
     """ids of the DTensor parameters FSDP2 shards over one mesh dimension (no tensor parallel in them)."""
     try:
         from torch.distributed.fsdp import FSDPModule
     except ImportError:
         return set()
-    import gc
-
-    classes = [FSDPModule]
-    for cls in classes:
-        classes.extend(cls.__subclasses__())
     out: set[int] = set()
-    for unit in gc.get_referrers(*classes):
+    for unit in modules:
         if isinstance(unit, FSDPModule):
             for p in unit.parameters():
                 mesh = getattr(p, "device_mesh", None)
