@@ -150,8 +150,9 @@ class Stack:
     def __init__(self, folder: str, prometheus: bool = False) -> None:
         self.folder = folder
         self.components: list[Component] = []
-        self.ports = {name: free_port() for name in ("grpc", "http", "health", "exporter", "self", "prometheus")}
+        self.ports = {name: free_port() for name in ("grpc", "http", "health", "exporter", "self")}
         self.prom = None
+        self.proms: list[Any] = []
         try:
             self._start(prometheus)
         except BaseException:
@@ -189,21 +190,33 @@ class Stack:
             self._start_prometheus()
 
     def _start_prometheus(self) -> None:
+        self.prom = self._prometheus("prometheus", self.ports["exporter"], self.ports["self"])
+
+    def witness(self) -> Any:
+        """A second Prometheus on the same deploy configuration, its Collector jobs pointed at a port nothing
+        listens on: it reads only the ranks whose target files are copied into its own targets/
+        (``add_targets(..., into="witness")``), so a run's Collector-path series can be set against what
+        the very same processes served on /metrics."""
+        dead = free_port()
+        self.witness_prom = self._prometheus("witness", dead, dead)
+        return self.witness_prom
+
+    def _prometheus(self, name: str, exporter: int, own: int) -> Any:
         from .peers import Prometheus
 
         deploy = os.path.join(REPO, "deploy", "prometheus")
-        folder = os.path.join(self.folder, "prometheus")
+        folder = os.path.join(self.folder, name)
         os.makedirs(os.path.join(folder, "targets"), exist_ok=True)
         os.symlink(os.path.join(deploy, "rules"), os.path.join(folder, "rules"))
-        self.prom = Prometheus(folder, "", binary=os.path.join(BIN, "prometheus"))
-        self.prom.port = self.ports["prometheus"]
-        self._write("prometheus/prometheus.yml", transform(
+        prom = Prometheus(folder, "", binary=os.path.join(BIN, "prometheus"))
+        self._write(f"{name}/prometheus.yml", transform(
             open(os.path.join(deploy, "prometheus.yml")).read(),
-            {"otel-collector:8889": f"127.0.0.1:{self.ports['exporter']}",
-             "otel-collector:8888": f"127.0.0.1:{self.ports['self']}",
-             "localhost:9090": f"127.0.0.1:{self.ports['prometheus']}"},
+            {"otel-collector:8889": f"127.0.0.1:{exporter}",
+             "otel-collector:8888": f"127.0.0.1:{own}",
+             "localhost:9090": f"127.0.0.1:{prom.port}"},
         ))  # fmt: skip
-        self.prom.start()
+        self.proms.append(prom)
+        return prom.start()
 
     def _run(self, name: str, argv: list[str]) -> Component:
         component = Component(name, argv, self.folder)
@@ -213,19 +226,19 @@ class Stack:
     def endpoint(self, protocol: str) -> str:
         return f"http://127.0.0.1:{self.ports['grpc' if protocol == 'grpc' else 'http']}"
 
-    def add_targets(self, run_folder: str, run_id: str) -> None:
+    def add_targets(self, run_folder: str, run_id: str, into: str = "prometheus") -> None:
         """A run's per-rank target files, copied into Prometheus' targets/ as ``<run id>.<file name>``."""
         for name in os.listdir(run_folder):
             if name.startswith("prometheus-targets.rank") and name.endswith(".json"):
                 with open(os.path.join(run_folder, name)) as f:
-                    write_atomically(os.path.join(self.folder, "prometheus", "targets", f"{run_id}.{name}"), f.read())
+                    write_atomically(os.path.join(self.folder, into, "targets", f"{run_id}.{name}"), f.read())
 
     def collector_metrics(self) -> str:
         with urllib.request.urlopen(f"http://127.0.0.1:{self.ports['self']}/metrics", timeout=10) as response:
             return response.read().decode()
 
     def stop(self) -> None:
-        if self.prom is not None:
-            self.prom.stop()
+        for prom in self.proms:
+            prom.stop()
         for component in reversed(self.components):
             component.stop()
