@@ -176,7 +176,6 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
     so the library's wrapper never sees the call, only tensor parallel's own distribute_module calls);
     ``args["input_grad"]``: the input requires grad, so ColwiseParallel's backward all-reduces it."""
     from torch.distributed.device_mesh import init_device_mesh
-    from torch.distributed.tensor.debug import CommDebugMode
 
     order = args.get("order", "after")
     run = args.get("run", "tp")
@@ -195,20 +194,7 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
         _instrument(out, f"{run}-ws{ws}")
         model = parallelize_module(TPMLP(), mesh, plan)
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)).requires_grad_(args.get("input_grad", False))
-    steps = args.get("steps", 2)
-    module_counts: dict = {}
-    comm_counts: Counter = Counter()
-    for _ in range(steps):
-        # A fresh mode per step: one CommDebugMode across two forward/backward passes trips over its own
-        # module stack (IndexError in _fw_set_module_hook), instrumented or not.
-        with CommDebugMode() as cdm:
-            model(x).sum().backward()
-        comm_counts.update({str(k): v for k, v in cdm.get_comm_counts().items()})
-        for module, phases in cdm.comm_module_counts.items():
-            for phase, ops in phases.items():
-                for op, c in ops.items():
-                    slot = module_counts.setdefault(module, {}).setdefault(phase, {})
-                    slot[str(op)] = slot.get(str(op), 0) + c
+    comm_counts, module_counts = _comm_debug_counts(lambda: model(x).sum().backward(), args.get("steps", 2))
     # sharding spans: a 8x4 tensor under Shard(0), Shard(1), Replicate
     full = torch.arange(32, dtype=torch.float32).reshape(8, 4)
     shard0 = distribute_tensor(full, mesh, [Shard(0)])
@@ -218,6 +204,174 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
     funcol_marks = _funcol_waits(mesh)
     _finish()
     return {"comm_counts": dict(comm_counts), "module_counts": module_counts, "funcol": funcol_marks}
+
+
+class Attention(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.heads, self.head_dim = heads, dim // heads
+        self.wq, self.wk, self.wv, self.wo = (nn.Linear(dim, dim, bias=False) for _ in range(4))
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        # -1 heads: under tensor parallel each rank holds its share of the heads
+        q, k, v = (w(x).view(b, s, -1, self.head_dim).transpose(1, 2) for w in (self.wq, self.wk, self.wv))
+        out = nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.wo(out.transpose(1, 2).reshape(b, s, -1))
+
+
+class FeedForward(nn.Module):
+    def __init__(self, dim: int) -> None:
+        super().__init__()
+        self.w1, self.w2 = nn.Linear(dim, 4 * dim, bias=False), nn.Linear(4 * dim, dim, bias=False)
+
+    def forward(self, x):
+        return self.w2(nn.functional.silu(self.w1(x)))
+
+
+class Block(nn.Module):
+    def __init__(self, dim: int, heads: int) -> None:
+        super().__init__()
+        self.attn_norm, self.attn = nn.RMSNorm(dim), Attention(dim, heads)
+        self.ffn_norm, self.ffn = nn.RMSNorm(dim), FeedForward(dim)
+
+    def forward(self, x):
+        x = x + self.attn(self.attn_norm(x))
+        return x + self.ffn(self.ffn_norm(x))
+
+
+class Transformer(nn.Module):
+    def __init__(self, dim: int = 32, heads: int = 4, layers: int = 2) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.layers = nn.ModuleList(Block(dim, heads) for _ in range(layers))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = layer(x)
+        return x
+
+
+def _tp_sp_plan() -> dict:
+    """torchtitan's plan for a block: sequence parallel norms, tensor parallel attention and feed-forward."""
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+    return {
+        "attn_norm": SequenceParallel(),
+        "attn": gather,
+        "attn.wq": ColwiseParallel(),
+        "attn.wk": ColwiseParallel(),
+        "attn.wv": ColwiseParallel(),
+        "attn.wo": RowwiseParallel(output_layouts=Shard(1)),
+        "ffn_norm": SequenceParallel(),
+        "ffn": gather,
+        "ffn.w1": ColwiseParallel(),
+        "ffn.w2": RowwiseParallel(output_layouts=Shard(1)),
+    }
+
+
+def transformer(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """A two-block transformer, tensor + sequence parallel (``args["mesh"] == "tp"``, every rank one tensor
+    parallel group) or FSDP2 over tensor parallel on a 2-D mesh (``"dp_tp"``: 2 x 2 on 4 ranks),
+    parallelized before instrument() (the usual order), trained inside CommDebugMode: its counts are the
+    oracle."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.profiler import ProfilerActivity, profile
+
+    layout = args.get("mesh", "tp")
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    model = Transformer()
+    if layout == "tp":
+        tp = init_device_mesh("cpu", (ws,), mesh_dim_names=("tp",))
+    else:
+        mesh = init_device_mesh("cpu", (2, ws // 2), mesh_dim_names=("dp", "tp"))
+        tp = mesh["tp"]
+    for layer in model.layers:
+        parallelize_module(layer, tp, _tp_sp_plan())
+    if layout == "dp_tp":
+        for layer in model.layers:
+            fully_shard(layer, mesh=mesh["dp"])
+        fully_shard(model, mesh=mesh["dp"])
+    run = f"transformer-{layout}-ws{ws}"
+    _instrument(out, run)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+
+    def step():
+        x = torch.randn(2, 8 // tp.size(), 32, generator=gen)  # this rank's share of the sequence
+        model(x).square().mean().backward()
+
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        comm_counts, module_counts = _comm_debug_counts(step, args.get("steps", 2))
+    opt.step()  # the norms' partial gradients are all-reduced here, outside CommDebugMode
+    _finish()
+    return {"comm_counts": dict(comm_counts), "module_counts": module_counts, "fsdp_labels": _fsdp_labels(prof)}
+
+
+def _comm_debug_counts(step, steps: int) -> tuple[dict, dict]:
+    """``step()`` run ``steps`` times, each inside a fresh CommDebugMode (one across two forward/backward
+    passes trips over its own module stack, IndexError in _fw_set_module_hook, instrumented or not); its
+    total and per-module, per-phase counts summed."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    module_counts: dict = {}
+    comm_counts: Counter = Counter()
+    for _ in range(steps):
+        with CommDebugMode() as cdm:
+            step()
+        comm_counts.update({str(k): v for k, v in cdm.get_comm_counts().items()})
+        for module, phases in cdm.comm_module_counts.items():
+            for phase, ops in phases.items():
+                for op, c in ops.items():
+                    slot = module_counts.setdefault(module, {}).setdefault(phase, {})
+                    slot[str(op)] = slot.get(str(op), 0) + c
+    return dict(comm_counts), module_counts
+
+
+def ddp_comm_debug(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """DDP trained inside CommDebugMode."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    native = args.get("native", "off")
+    _instrument(out, f"ddp-cdm-{native}-ws{ws}", native=native)
+    model = DDP(_mlp(), bucket_cap_mb=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+    comm_counts, module_counts = _comm_debug_counts(lambda: model(torch.randn(8, 16, generator=gen)).sum().backward(), args.get("steps", 2))
+    _finish()
+    return {"comm_counts": comm_counts, "module_counts": module_counts}
+
+
+def _fsdp_labels(prof) -> list[tuple[str, str, str]]:
+    """(unit, phase, op) of each collective op torch.profiler saw inside FSDP2's own labelled ranges
+    ("FSDP::all_gather (layers.0)", "FSDP::backward_prefetch for layers.0", "FSDP::post_backward_reduce
+    (layers.1)"): the unit FSDP itself says the collective served."""
+    import re
+
+    collective = re.compile(r"^(c10d|_c10d_functional)::_?(all_?reduce|all_?gather|reduce_scatter)")
+    out = []
+    for event in prof.events():
+        if not collective.match(event.name):
+            continue
+        unit = phase = None
+        parent = event.cpu_parent
+        while parent is not None:
+            if collective.match(parent.name):
+                break  # the same collective one dispatch level down, or the c10d op a functional one calls
+            label = re.match(r"FSDP::(\w+?)(?: for (\S+)| \((.*)\))?$", parent.name)
+            if label:
+                step, target, fqn = label.groups()
+                if unit is None and (target is not None or fqn is not None):
+                    unit = target if target is not None else fqn
+                if phase is None and ("backward" in step or "forward" in step):
+                    phase = "backward" if "backward" in step else "forward"
+            parent = parent.cpu_parent
+        else:
+            if unit is not None:
+                out.append((unit, phase, event.name))
+    return out
 
 
 def _funcol_waits(mesh) -> dict:

@@ -279,34 +279,56 @@ def tp_job(request, tmp_path_factory):
     return _job(tmp_path_factory, "tensor_parallel", request.param, "tp", {"steps": 2})
 
 
-def _hierarchical(spans) -> dict:
+# Our op names as CommDebugMode names them: functional collectives, and the c10d ops FSDP2 and DDP issue
+_FUNCOL = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
+_C10D = {"all_gather_single": "_allgather_base_", "reduce_scatter_single": "_reduce_scatter_base_", "all_reduce": "allreduce_", "broadcast": "broadcast_"}
+
+
+def _cdm_op(span) -> str:
+    if _a(span, n.COLL_FRAMEWORK) in ("fsdp", "ddp"):
+        return "c10d." + _C10D[span["name"]]
+    return "c10d_functional." + _FUNCOL.get(span["name"], span["name"])
+
+
+def _hierarchical(spans, containers: tuple = ()) -> dict:
     """Our collectives counted per module and phase the way CommDebugMode counts: each module's count
-    includes its submodules', and 'Global' holds everything."""
+    includes its submodules', and 'Global' holds everything. CommDebugMode's parents are the modules whose
+    forward ran: ``containers`` (a ModuleList, never called) are not among them."""
     out: dict = {}
     for s in spans:
         module = _a(s, n.COLL_MODULE)
         phase = _a(s, n.COLL_PHASE)
-        op = "c10d_functional." + {"all_gather_single": "all_gather_into_tensor"}.get(s["name"], s["name"])
+        op = _cdm_op(s)
         names = ["Global"]
         if module:
             parts = module.split(".")
             names += [".".join(parts[: i + 1]) for i in range(len(parts))]
-        for name in names:
+        for name in (m for m in names if m not in containers):
             slot = out.setdefault(name, {}).setdefault(phase, {})
             slot[op] = slot.get(op, 0) + 1
     return out
 
 
+def _theirs(result: dict, drop=lambda module, phase, op: False, rename=lambda module: module) -> dict:
+    """CommDebugMode's per-module counts with empty phases left out (and ``drop``'s ops)."""
+    out: dict = {}
+    for module, phases in result["module_counts"].items():
+        for phase, ops in phases.items():
+            kept = {op: c for op, c in ops.items() if c and not drop(module, phase, op)}
+            if kept:
+                out.setdefault(rename(module), {})[phase] = kept
+    return out
+
+
+def _training(spans) -> list:
+    return [s for s in _collectives(spans) if _a(s, n.COLL_PHASE) in ("forward", "backward")]
+
+
 def test_tp_per_module_per_phase_counts_equal_comm_debug_modes(tp_job):
     for rank in range(tp_job["ws"]):
         result = tp_job["results"][rank]
-        training = [
-            s for s in _collectives(tp_job["spans"][rank])
-            if _a(s, n.COLL_PHASE) in ("forward", "backward")
-        ]  # fmt: skip
-        ours = _hierarchical(training)
-        theirs = {m: {p: ops for p, ops in phases.items() if ops} for m, phases in result["module_counts"].items()}
-        assert ours == theirs
+        training = _training(tp_job["spans"][rank])
+        assert _hierarchical(training) == _theirs(result)
         assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
 
 
@@ -323,11 +345,82 @@ def test_tp_backward_and_any_order_count_per_module_and_phase_as_comm_debug_mode
     parallelize_module imported before it, or after it."""
     for rank in range(tp_grad_job["ws"]):
         result = tp_grad_job["results"][rank]
-        training = [s for s in _collectives(tp_grad_job["spans"][rank]) if _a(s, n.COLL_PHASE) in ("forward", "backward")]
-        theirs = {m: {p: ops for p, ops in phases.items() if ops} for m, phases in result["module_counts"].items()}
+        training = _training(tp_grad_job["spans"][rank])
+        theirs = _theirs(result)
         assert theirs.get("TPMLP.net1", {}).get("backward"), theirs  # the oracle sees the backward all-reduce
         assert _hierarchical(training) == theirs
         assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
+
+
+@pytest.fixture(scope="module", params=[("tp", 2), ("dp_tp", 4)], ids=lambda p: f"{p[0]}-ws{p[1]}")
+def transformer_job(request, tmp_path_factory):
+    """A two-block transformer parallelized before instrument(): tensor + sequence parallel on 2 ranks, and
+    FSDP2 over it on a 2 x 2 mesh of 4 ranks."""
+    mesh, ws = request.param
+    job = _job(tmp_path_factory, "transformer", ws, f"transformer-{mesh}", {"mesh": mesh, "steps": 2})
+    job["mesh"] = mesh
+    return job
+
+
+def _fsdp_served(module: str, phase: str, op: str) -> bool:
+    """CommDebugMode's counts of what FSDP2 issues: its all-gathers and reduce-scatters, and in its
+    post-backward the all-reduce of the gradients tensor parallel leaves partial (the norms' weights; tensor
+    parallel itself all-reduces nothing in forward or backward here, the tp run shows it)."""
+    return op.startswith("c10d.") or (op == "c10d_functional.all_reduce" and phase == "backward")
+
+
+def test_transformer_counts_per_module_and_phase_as_comm_debug_mode(transformer_job):
+    """Tensor and sequence parallel collectives name their module as CommDebugMode does (the attention's
+    input all-gather 'Transformer.layers.0.attn' forward, its gradient's reduce-scatter
+    'Transformer.layers.0.attn.wq' backward), with FSDP2 over them too. FSDP2's own collectives name the unit
+    they serve, as FSDP's own profiler labels do ('FSDP::all_gather (layers.0)'): CommDebugMode charges
+    them to whichever module's backward began last (the block still running for the next block's
+    prefetched all-gather, the block's first norm for its reduce-scatter), so there it is not the oracle."""
+    for rank in range(transformer_job["ws"]):
+        result = transformer_job["results"][rank]
+        training = _training(transformer_job["spans"][rank])
+        assert _hierarchical(training)["Global"] == _theirs(result)["Global"]  # every collective, every phase
+        tp = [s for s in training if _a(s, n.FSDP_ACTION) is None]
+        theirs = _theirs(result, drop=_fsdp_served, rename=lambda m: m.replace("FSDPTransformer", "Transformer", 1))
+        assert theirs.get("Transformer.layers.0.attn", {}).get("forward"), theirs  # the input all-gather
+        assert theirs.get("Transformer.layers.1.ffn.w1", {}).get("backward"), theirs  # its gradient's reduce-scatter
+        assert _hierarchical(tp, containers=("Transformer.layers",)) == theirs
+        fsdp = Counter((_a(s, n.COLL_MODULE), _a(s, n.COLL_PHASE), s["name"]) for s in training if _a(s, n.FSDP_ACTION))
+        profiler_op = {"c10d::_allgather_base_": "all_gather_single", "c10d::_reduce_scatter_base_": "reduce_scatter_single",
+                       "_c10d_functional::all_reduce": "all_reduce"}  # fmt: skip
+        labels = Counter((f"Transformer.{unit}" if unit else "Transformer", phase, profiler_op[op]) for unit, phase, op in result["fsdp_labels"])
+        assert fsdp == labels
+        assert bool(fsdp) == (transformer_job["mesh"] == "dp_tp")
+
+
+@pytest.fixture(scope="module", params=["hook", "native"])
+def ddp_cdm_job(request, tmp_path_factory):
+    if request.param == "native":
+        request.getfixturevalue("native_built")
+    native = MODES[request.param]
+    job = _job(tmp_path_factory, "ddp_comm_debug", 2, f"ddp-cdm-{native}", {"native": native, "steps": 2})
+    job["mode"] = request.param
+    return job
+
+
+def test_ddp_collectives_name_the_model_and_count_as_comm_debug_mode(ddp_cdm_job):
+    """DDP's buckets and its bucket rebuild's broadcasts name the model as the user wrote it (Sequential;
+    CommDebugMode: DistributedDataParallel), counted per phase as CommDebugMode counts them. A bucket holds
+    gradients of several layers: CommDebugMode's split by the layer whose backward was running is not kept
+    (it takes hooks on every module of the model). The rebuild's broadcasts, which the reducer issues in
+    C++, are seen with the native part only (test_ddp_bucket_records_match_the_reducers_buckets)."""
+    for rank in range(2):
+        result = ddp_cdm_job["results"][rank]
+        spans = _collectives(ddp_cdm_job["spans"][rank])
+        assert all(_a(s, n.COLL_MODULE) == "Sequential" and _a(s, n.COLL_FRAMEWORK) == "ddp" for s in spans), spans
+        ours = _hierarchical(_training(ddp_cdm_job["spans"][rank]))["Sequential"]
+        theirs = _theirs(result)["DistributedDataParallel"]
+        if ddp_cdm_job["mode"] == "hook":
+            theirs = {p: {op: c for op, c in ops.items() if op != "c10d.broadcast_"} for p, ops in theirs.items()}
+            theirs = {p: ops for p, ops in theirs.items() if ops}
+        assert ours == theirs and "backward" in ours
+        # the setup's broadcast from rank 0 is the model's as well
+        assert [_a(s, n.COLL_PHASE) for s in spans if s["name"] == "_broadcast_coalesced"] == ["other"]
 
 
 def test_functional_collectives_end_at_their_wait_even_through_a_view(tp_job):

@@ -144,9 +144,7 @@ class ModuleTracker:
         stack = getattr(TLS, "module_tokens", None)
         if stack is None:
             stack = TLS.module_tokens = []
-        # The input as the caller passed it, before the framework's own input hook converts it (tensor
-        # parallel's backward collective sits between the two): where this module's backward ends.
-        stack.append((push(module=name, phase="forward"), _first_needing_grad(args)))
+        stack.append(push(module=name, phase="forward"))
         # None: a forward pre-hook that returns a value replaces the module's input.
 
     def _resolve(self, module) -> str:
@@ -182,11 +180,11 @@ class ModuleTracker:
 def _post_hook(module, args, output):
     stack = getattr(TLS, "module_tokens", None)
     if stack:
-        token, given = stack.pop()
+        token = stack.pop()
         ctx = TLS.ctx
         pop(token)
-        if given is not None and ctx is not None and ctx[MODULE] is not None:
-            _watch_backward(ctx[MODULE], given, output)
+        if ctx is not None and ctx[MODULE] is not None:
+            _watch_backward(ctx[MODULE], output)
     # Must return None: a returned value would replace the module's output.
 
 
@@ -203,32 +201,42 @@ def _first_needing_grad(value: Any) -> Any:
     return None
 
 
-def _watch_backward(name: str, inp: Any, output: Any) -> None:
-    """The module's backward as a context too: from the moment the gradient of its output is computed to
-    the moment the gradient of its input is (tensor hooks, only where both need a gradient), so the
-    collectives tensor parallel issues in backward (ColwiseParallel's input gradient) carry the module, as
-    CommDebugMode counts them. A backward that never reaches the input ends the context with its graph."""
+def _watch_backward(name: str, output: Any) -> None:
+    """The module's backward as a context too, by CommDebugMode's rule: from the moment the gradient of its
+    output is computed, a collective belongs to the module whose backward began last, until the backward pass
+    ends (a tensor hook, only where the output needs a gradient). So the collectives tensor parallel issues in
+    backward (ColwiseParallel's input gradient, the reduce-scatter of a sequence-parallel input) carry the
+    module CommDebugMode charges them to."""
     out = _first_needing_grad(output)
-    if out is None:
-        return
-    state: list = []  # the token while this module's backward runs
+    if out is not None:
+        out.register_hook(lambda grad: _enter_backward(name))
 
-    def enter(grad):
-        if not state:
-            state.append(push(module=name, phase="backward"))
-            try:
-                from torch.autograd import Variable
 
-                Variable._execution_engine.queue_callback(leave)
-            except Exception:
-                pass
+def _enter_backward(name: str) -> None:
+    import torch
 
-    def leave(*_):
-        if state:
-            pop(state.pop())
+    task = torch._C._current_graph_task_id()
+    state = getattr(TLS, "backward", None)
+    if state is None or state[0] != task:
+        # A new backward pass. A state left from an earlier one (its end ran on another thread) still holds
+        # the context this thread had before any backward.
+        base = state[1] if state is not None else TLS.ctx
+        TLS.backward = state = (task, base)
+        try:
+            from torch.autograd import Variable
 
-    out.register_hook(enter)
-    inp.register_hook(leave)
+            Variable._execution_engine.queue_callback(_end_backward)
+        except Exception:
+            pass
+    TLS.ctx = state[1]
+    push(module=name, phase="backward")
+
+
+def _end_backward() -> None:
+    state = getattr(TLS, "backward", None)
+    if state is not None:
+        TLS.ctx = state[1]
+        TLS.backward = None
 
 
 TRACKER = ModuleTracker()

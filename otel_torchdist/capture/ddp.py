@@ -75,13 +75,14 @@ SOURCE = "ddp_hook"
 class _Trampoline:
     """The comm hook state the reducer holds: which hook to run, on which state."""
 
-    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "contexts", "buckets", "__weakref__")
+    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "model", "contexts", "buckets", "__weakref__")
 
     def __init__(self, ddp: Any) -> None:
         self.inner_hook = no_hook_allreduce
         self.inner_state = ddp.process_group
         self.user_hook_registered = False
         self.ddp = weakref.ref(ddp)
+        self.model = model_name(ddp)
         # A bucket's facts are the same every step once DDP has rebuilt its buckets (after the first), so
         # they are read once. A registered hook's path: (index, bytes, last) -> (the context it covers, the
         # bucket's context); the default hook's: id of the bucket's buffer -> _Bucket.
@@ -187,12 +188,19 @@ def _bucket_context(state: _Trampoline, bucket: dist.GradBucket, nbytes: int) ->
     cached = state.contexts.get(key)
     if cached is not None and cached[0] is base:
         return cached[1]
-    ctx = _derive(bucket, key[0], nbytes, key[2])
+    ctx = _derive(state, bucket, key[0], nbytes, key[2])
     state.contexts[key] = (base, ctx)
     return ctx
 
 
-def _derive(bucket: dist.GradBucket, index: int, nbytes: int, last: bool) -> tuple:
+def model_name(ddp: Any) -> str:
+    """The module of a DDP model's collectives: the model as the user wrote it (``Net``; CommDebugMode says
+    ``DistributedDataParallel.module``). A bucket holds gradients of many layers, so it is the model's; naming
+    the layer whose backward ran when it filled would take hooks on every module (CommDebugMode's cost)."""
+    return context.class_name(ddp.module)
+
+
+def _derive(state: _Trampoline, bucket: dist.GradBucket, index: int, nbytes: int, last: bool) -> tuple:
     facts = (
         n.DDP_BUCKET_INDEX,
         index,
@@ -203,7 +211,7 @@ def _derive(bucket: dist.GradBucket, index: int, nbytes: int, last: bool) -> tup
         n.DDP_BUCKET_LAST,
         last,
     )
-    return context.derive(framework="ddp", phase="backward", extras=facts)
+    return context.derive(framework="ddp", module=state.model, phase="backward", extras=facts)
 
 
 def _options() -> Any:
@@ -250,7 +258,7 @@ def _bucket(state: _Trampoline, bucket: dist.GradBucket, group: Any, tensor: tor
     rec[R.SHAPES] = (1, numel)
     rec[R.ASYNC] = True
     rec[R.REDOP] = _SUM
-    rec[R.CTX] = _derive(bucket, bucket.index(), nbytes, bucket.is_last())
+    rec[R.CTX] = _derive(state, bucket, bucket.index(), nbytes, bucket.is_last())
     facts = buckets[id(tensor)] = _Bucket(tensor, R.TLS.ctx, group, gi, rec)
     return facts
 
@@ -372,7 +380,13 @@ def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
 def _wrap_init(orig):
     def __init__(self, *args, **kwargs):
         t_start = perf_counter_ns()
-        orig(self, *args, **kwargs)
+        model = args[0] if args else kwargs.get("module")
+        # The parameter and buffer broadcast from rank 0 that DDP starts with belongs to the model too.
+        token = context.push(framework="ddp", module=context.class_name(model)) if model is not None else R.TLS.ctx
+        try:
+            orig(self, *args, **kwargs)
+        finally:
+            context.pop(token)
         try:
             _on_created(self, t_start, perf_counter_ns())
         except Exception as exc:
@@ -493,7 +507,7 @@ def _wrap_match_unused(orig):
         if not _LIVE:
             return orig(self)
         locally_used_param_map = self.reducer._get_local_used_map()
-        token = context.push(framework="ddp", phase="backward")
+        token = context.push(framework="ddp", module=model_name(self), phase="backward")
         try:
             group = self.process_group
             # the method as it is now (another tracer may have wrapped it), as torch's body would call it
@@ -521,7 +535,7 @@ def _wrap_match_all_reduce(orig):
 def _wrap_sync_buffers(orig):
     def _sync_buffers(self, *args, **kwargs):
         # DDP's buffer broadcast (BatchNorm statistics, broadcast_buffers=True) runs around forward.
-        token = context.push(framework="ddp", phase="forward")
+        token = context.push(framework="ddp", module=model_name(self), phase="forward")
         try:
             return orig(self, *args, **kwargs)
         finally:

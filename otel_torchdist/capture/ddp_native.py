@@ -145,7 +145,11 @@ def attach(ddp: Any) -> bool:
     gi = groups.info(ddp.process_group)
     if gi is None:
         return False
-    timed = _mod.TimedGroup(ddp.process_group, gi.gid, next(_owners))
+    owner = next(_owners)
+    model = context.class_name(ddp.module)  # as the comm hook path names it (ddp.model_name)
+    _models[owner] = (context.derive(framework="ddp", module=model, phase="forward"),
+                      context.derive(framework="ddp", module=model, phase="backward"))  # fmt: skip
+    timed = _mod.TimedGroup(ddp.process_group, gi.gid, owner)
     ddp.reducer._update_process_group(timed)  # swaps the reducer's group under its lock, nothing else
     _attached[ddp] = timed
     return True
@@ -184,6 +188,7 @@ class _Backward:
 
 _held: dict[int, _Backward] = {}  # model number -> its backward being held
 _contexts: dict[tuple, tuple] = {}
+_models: dict[int, tuple] = {}  # model number -> the (forward, backward) contexts of its collectives
 
 
 def _step_context(serial: int, tracker: Any) -> tuple | None:
@@ -194,14 +199,15 @@ def _step_context(serial: int, tracker: Any) -> tuple | None:
     return ctx if ctx is not None and ctx[0] == serial else None
 
 
-def _bucket_context(index: int, nbytes: int, last: bool) -> tuple:
-    key = (index, nbytes, last)
+def _bucket_context(owner: int, index: int, nbytes: int, last: bool) -> tuple:
+    key = (owner, index, nbytes, last)
     ctx = _contexts.get(key)
     if ctx is None:
         if len(_contexts) > 4096:
             _contexts.clear()
         extras = (n.DDP_BUCKET_INDEX, index, n.DDP_BUCKET_BYTES, nbytes, n.DDP_BUCKET_LAST, last)
-        ctx = _contexts[key] = context.derive(framework="ddp", phase="backward", extras=extras)
+        model = _models.get(owner, _PHASES)[1][context.MODULE]
+        ctx = _contexts[key] = context.derive(framework="ddp", module=model, phase="backward", extras=extras)
     return ctx
 
 
@@ -223,7 +229,7 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
         op, kind, SOURCE, e[E_GID], e[E_SEQ] if e[E_SEQ] >= 0 else None, e[E_T0], e[E_T1], e[E_NBYTES], e[E_DTYPE],
         (1, numel) if ntensors == 1 else (), numel, ntensors, True, (None, root) if root >= 0 else None, None,
         _REDOPS.get(redop) if redop >= 0 else None, end, (_ERROR_TYPE, error) if error is not None else None,
-        None, None, None, False, _PHASES[task != -1], task != -1, ctx,
+        None, None, None, False, _models.get(e[E_OWNER], _PHASES)[task != -1], task != -1, ctx,
     ]  # fmt: skip
 
 
@@ -234,14 +240,14 @@ def _is_bucket(e: tuple) -> bool:
     return e[E_OP] == 0 and e[E_ERROR] is None and dtype is not None and dtype.is_floating_point
 
 
-def _release(held: _Backward, out: list) -> None:
+def _release(owner: int, held: _Backward, out: list) -> None:
     records = held.records
     # Entries come in the order they completed (a small bucket may finish first): sorted by sequence number,
     # then start; the arrival number keeps records themselves from being compared.
     records.sort()
     last = len(records) - 1
     for i, (_, _, _, rec) in enumerate(records):
-        rec[R.CTX] = _bucket_context(i, rec[R.NBYTES], i == last)  # phase backward, as the comm hook says
+        rec[R.CTX] = _bucket_context(owner, i, rec[R.NBYTES], i == last)  # phase backward, as the comm hook says
         out.append(tuple(rec))  # a tuple, as every record: spans.site_block caches by its slices
 
 
@@ -265,7 +271,7 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
         key = (e[E_TASK], e[E_STEP], e[E_BATCH])
         held = _held.get(owner)
         if held is not None and held.key != key:
-            _release(_held.pop(owner), out)
+            _release(owner, _held.pop(owner), out)
             held = None
         if held is None:
             held = _held[owner] = _Backward(key, e[E_STEP])
@@ -284,7 +290,7 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
                 flying = {(e[E_OWNER], (e[E_TASK], e[E_STEP], e[E_BATCH])) for e in mod.in_flight()}
             if (owner, held.key) in flying:
                 continue
-        _release(_held.pop(owner), out)
+        _release(owner, _held.pop(owner), out)
     return out
 
 

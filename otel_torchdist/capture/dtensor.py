@@ -167,7 +167,7 @@ def _track_module(args, kwargs, result):
 
 def adopt_existing() -> None:
     """Models parallelized before instrument() (the usual order: build, parallelize, then set up telemetry):
-    track the modules that hold DTensor parameters, as parallelize_module's wrapper would have. A model
+    track each model holding DTensor parameters, as parallelize_module's wrapper would have. A model
     only FSDP2 shards (one mesh dimension, every DTensor parameter FSDP's) is left alone: FSDP's own capture
     names its units."""
     tensor_api = sys.modules.get("torch.distributed.tensor")
@@ -192,9 +192,19 @@ def adopt_existing() -> None:
     if not owners:
         return
     fsdp_only = _fsdp_only_params(modules)
+    parents = {id(child): module for module in modules for child in module._modules.values() if child is not None}
+    roots = {}
     for module, own in owners:
         if not all(id(p) in fsdp_only for p in own):
-            context.TRACKER.track(module)
+            # The whole model, as parallelize_module's wrapper tracks what it is given: the modules that only
+            # prepare inputs (PrepareModuleInput on an attention block) hold no parameter of their own.
+            seen = {id(module)}
+            while id(module) in parents and id(parents[id(module)]) not in seen:
+                module = parents[id(module)]
+                seen.add(id(module))
+            roots[id(module)] = module
+    for root in roots.values():
+        context.TRACKER.track(root)
 
 
 def _fsdp_only_params(modules: list) -> set[int]:
