@@ -5,7 +5,9 @@
 All on the ``fake`` backend (collectives cost only their Python path), interleaved rounds, median/min/max:
 
 * collective inside a framework context (what DDP buckets, FSDP units, optimizer steps set) vs outside;
-* module tracking (the forward hooks put on tensor-parallel modules): cost per module call;
+* module tracking (the hooks put on tensor-parallel models): cost per module call, forward only and forward
+  with backward (the output's gradient hook that makes a module's backward a context);
+* a collective no framework names, in a traced step: finding its module on the stack (``context.on_stack``);
 * the deep mode that sees compiled collectives: cost per plain aten op and per collective.
 """
 
@@ -32,6 +34,33 @@ def _per_call(fn, calls: int) -> float:
 
 def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} {min(values):8.2f} {max(values):8.2f}"
+
+
+class _Issuer(nn.Module):
+    """A module four calls deep, whose forward looks up a collective record's module as the c10d and
+    functional captures do (a record made once: the lookup alone is timed)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.inner = nn.Sequential(nn.Sequential(nn.Sequential(_Lookup())))
+
+    def forward(self, calls: int, traced: bool) -> float:
+        return self.inner((calls, traced))
+
+
+class _Lookup(nn.Module):
+    def forward(self, job: tuple) -> float:
+        from otel_torchdist.capture import context
+        from otel_torchdist.capture import record as R
+
+        calls, traced = job
+        rec = R.new("all_reduce", "all_reduce", "c10d", 0)
+        rec[R.STEPCTX] = (1, 1, 1, traced)  # the step's serial, trace, span, traced flag
+        start = time.perf_counter_ns()
+        for _ in range(calls):
+            rec[R.CTX] = None
+            context.on_stack(rec)
+        return (time.perf_counter_ns() - start) / calls / 1e3
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -66,9 +95,12 @@ def main(argv: list[str] | None = None) -> int:
     tracked = nn.Sequential(*[nn.Linear(16, 16) for _ in range(layers)])
     context.TRACKER.track(tracked)
     x = torch.randn(2, 16)
+    issuer = _Issuer()
     rows: dict[str, list[float]] = {k: [] for k in (
         "collective, no context", "collective, framework context", "added by the context",
         "module forward, plain", "module forward, tracked", "added per module call",
+        "module fwd+bwd, plain", "module fwd+bwd, tracked", "added per module fwd+bwd",
+        "on_stack, untraced step", "on_stack, traced step", "added per collective (module lookup)",
         "aten add, plain", "aten add, deep mode", "added per aten op",
         "collective, plain capture", "collective, deep mode on", "added per collective (deep mode)",
     )}  # fmt: skip
@@ -90,6 +122,16 @@ def main(argv: list[str] | None = None) -> int:
         rows["module forward, plain"].append(plain)
         rows["module forward, tracked"].append(hooked)
         rows["added per module call"].append(hooked - plain)
+        xg = x.clone().requires_grad_()
+        plain = _per_call(lambda: model(xg).sum().backward(), 200) / layers
+        hooked = _per_call(lambda: tracked(xg).sum().backward(), 200) / layers
+        rows["module fwd+bwd, plain"].append(plain)
+        rows["module fwd+bwd, tracked"].append(hooked)
+        rows["added per module fwd+bwd"].append(hooked - plain)
+        untraced, traced = (issuer(chunk, step) for step in (False, True))
+        rows["on_stack, untraced step"].append(untraced)
+        rows["on_stack, traced step"].append(traced)
+        rows["added per collective (module lookup)"].append(traced - untraced)
         plain = _per_call(lambda: torch.add(a, a), args.calls)
         with deep_capture():
             deep = _per_call(lambda: torch.add(a, a), args.calls)

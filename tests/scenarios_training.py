@@ -474,6 +474,66 @@ def compiled(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"graphs_before": graphs_before, "graphs_after": graphs_after, "results": results, "ddp_losses": losses}
 
 
+class RowReduce(nn.Module):
+    """Megatron's row-parallel linear, by hand: its output summed over the ranks in forward (``dist``)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.linear = nn.Linear(16, 16)
+
+    def forward(self, x):
+        y = self.linear(x)
+        dist.all_reduce(y.detach())  # in place, outside autograd
+        return y
+
+
+class Gather(nn.Module):
+    """A functional all-gather in forward, outside any tensor parallel style."""
+
+    def forward(self, x):
+        import torch.distributed._functional_collectives as funcol
+
+        gathered = funcol.all_gather_tensor(x.detach(), 0, dist.group.WORLD)
+        return x + gathered.view(-1, *x.shape).mean(0)
+
+
+class HandParallel(nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        torch.manual_seed(0)
+        self.proj = RowReduce()
+        self.gather = Gather()
+        self.head = nn.Linear(16, 4)
+
+    def forward(self, x):
+        return self.head(self.gather(self.proj(x)))
+
+
+def hand_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Collectives a model issues itself (no framework names them), eager inside CommDebugMode, then the
+    same model compiled, in the deep mode."""
+    import otel_torchdist
+
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, f"hand-ws{ws}")
+    model = HandParallel()
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    gen = torch.Generator().manual_seed(100 + rank)
+
+    def step():
+        model(torch.randn(4, 16, generator=gen)).square().mean().backward()
+
+    comm_counts, module_counts = _comm_debug_counts(lambda: (step(), opt.step(), opt.zero_grad()), args.get("steps", 2))
+    compiled = torch.compile(model, backend="aot_eager")
+    with otel_torchdist.deep_capture():
+        for _ in range(2):
+            compiled(torch.randn(4, 16, generator=gen)).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    _finish()
+    return {"comm_counts": comm_counts, "module_counts": module_counts}
+
+
 # ------------------------------------------------------------------------- checkpoint, optimizer in bwd
 def checkpoint_and_optimizer_in_backward(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     import torch.distributed.checkpoint as dcp

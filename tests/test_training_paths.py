@@ -280,12 +280,12 @@ def tp_job(request, tmp_path_factory):
 
 
 # Our op names as CommDebugMode names them: functional collectives, and the c10d ops FSDP2 and DDP issue
-_FUNCOL = {"all_gather_single": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
+_FUNCOL = {"all_gather_single": "all_gather_into_tensor", "all_gather_tensor": "all_gather_into_tensor", "reduce_scatter_single": "reduce_scatter_tensor"}
 _C10D = {"all_gather_single": "_allgather_base_", "reduce_scatter_single": "_reduce_scatter_base_", "all_reduce": "allreduce_", "broadcast": "broadcast_"}
 
 
 def _cdm_op(span) -> str:
-    if _a(span, n.COLL_FRAMEWORK) in ("fsdp", "ddp"):
+    if _a(span, n.COLL_FRAMEWORK) in ("fsdp", "ddp", "c10d"):
         return "c10d." + _C10D[span["name"]]
     return "c10d_functional." + _FUNCOL.get(span["name"], span["name"])
 
@@ -421,6 +421,20 @@ def test_ddp_collectives_name_the_model_and_count_as_comm_debug_mode(ddp_cdm_job
         assert ours == theirs and "backward" in ours
         # the setup's broadcast from rank 0 is the model's as well
         assert [_a(s, n.COLL_PHASE) for s in spans if s["name"] == "_broadcast_coalesced"] == ["other"]
+
+
+def test_collectives_a_model_issues_itself_name_their_module(tmp_path_factory):
+    """``dist.all_reduce`` and a functional all-gather in the forward of modules no framework wrapped (the
+    hand-written model parallelism of Megatron's kind): each names the module whose forward issued it, counted
+    as CommDebugMode counts them; compiled, in the deep mode, the model compiled."""
+    job = _job(tmp_path_factory, "hand_parallel", 2, "hand")
+    for rank in range(2):
+        spans = _collectives(job["spans"][rank])
+        eager = [s for s in spans if _a(s, n.COLL_SOURCE) != "deep"]
+        assert _hierarchical(eager) == _theirs(job["results"][rank])
+        assert {_a(s, n.COLL_MODULE) for s in eager} == {"HandParallel.proj", "HandParallel.gather"}
+        compiled = Counter((s["name"], _a(s, n.COLL_MODULE), _a(s, n.COLL_PHASE)) for s in spans if _a(s, n.COLL_SOURCE) == "deep")
+        assert compiled == {("all_reduce", "HandParallel", "forward"): 2, ("all_gather_into_tensor", "HandParallel", "forward"): 2}
 
 
 def test_functional_collectives_end_at_their_wait_even_through_a_view(tp_job):

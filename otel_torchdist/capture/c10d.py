@@ -36,6 +36,7 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import caller, completion, groups
+from .context import on_stack, stack_context
 from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
 from . import record as R
 from .record import QUEUE, TLS, complete, error_info
@@ -242,6 +243,7 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
             rec = None
         if rec is None:
             return orig(*args, **kwargs)
+        on_stack(rec)
         TLS.outer = rec
         rec[_T_START] = perf_counter_ns()
         try:
@@ -276,9 +278,21 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
         if not _LIVE or _is_compiling():
             return orig(*args, **kwargs)
         op = hot[0]
-        if op is not None:
-            return _hot_call(op, args, kwargs)
-        return body(args, kwargs)
+        if op is None:
+            return body(args, kwargs)
+        step = _STEP[0]
+        if step is not None and step[3] and TLS.outer is None:
+            ctx = TLS.ctx
+            if ctx is None or ctx[1] is None:
+                # A traced step: the module on the stack (context.on_stack), for the native part to read.
+                found = stack_context(ctx, _graph_task_id() != -1)
+                if found is not None:
+                    TLS.ctx = found
+                    try:
+                        return _hot_call(op, args, kwargs)
+                    finally:
+                        TLS.ctx = ctx
+        return _hot_call(op, args, kwargs)
 
     if hot_eligible(spec, binder):
         HOT.append((hot, spec, binder, orig, body))

@@ -18,6 +18,9 @@ import sys
 import weakref
 from typing import Any
 
+from .record import BWD as _BWD
+from .record import CTX as _CTX
+from .record import STEPCTX as _STEPCTX
 from .record import TLS
 
 FRAMEWORK = 0
@@ -74,13 +77,13 @@ def current() -> tuple | None:
 _CALL_FRAMES = frozenset(("_call_impl", "_wrapped_call_impl"))
 
 
-def _outermost_module_called() -> Any:
+def _outermost_module_called(frame: Any = None) -> Any:
     """The outermost ``nn.Module`` whose ``__call__`` is on this thread's stack (the model the training loop
-    called), or None."""
+    called) from ``frame`` (default: the caller's) up, or None."""
     import torch.nn as nn
 
     outer = None
-    frame = sys._getframe(1)
+    frame = frame or sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name in _CALL_FRAMES:
             owner = frame.f_locals.get("self")
@@ -88,6 +91,59 @@ def _outermost_module_called() -> Any:
                 outer = owner
         frame = frame.f_back
     return outer
+
+
+_STACK_NAMES: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # module -> its name, from its first sight
+
+
+def on_stack(rec: list) -> None:
+    """A collective of a traced step that no framework context names (``dist.all_reduce`` or a functional
+    collective in a model's forward, a compiled model's collectives in deep mode): the innermost module whose
+    call is on this thread's stack, named as CommDebugMode names it (the outermost module called, then the
+    path to it). Traced steps only (outside steps the native fast path stays on, and names none): the stack
+    is walked per collective up to the nearest module call, a few frames (the whole stack once per module, to
+    name it)."""
+    step = rec[_STEPCTX]
+    if step is None or not step[3]:
+        return
+    ctx = rec[_CTX]
+    if ctx is None or ctx[MODULE] is None:
+        found = stack_context(ctx, rec[_BWD])
+        if found is not None:
+            rec[_CTX] = found
+
+
+def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
+    """``ctx`` with the module found on the stack (see :func:`on_stack`), or None where no module is called."""
+    frame = sys._getframe(2)
+    module = None
+    while frame is not None:
+        if frame.f_code.co_name in _CALL_FRAMES:
+            module = frame.f_locals.get("self")
+            if module.__class__.__name__ != "GraphModule":  # a compiler's graph: the model compiled is above
+                break
+        frame = frame.f_back
+    if frame is None:
+        return None
+    try:
+        name = _STACK_NAMES.get(module)
+    except TypeError:
+        return None
+    if name is None:
+        name = _STACK_NAMES[module] = _stack_name(module, frame)
+    base = ctx or EMPTY
+    phase = base[PHASE] or ("backward" if in_backward else "forward")
+    return (base[FRAMEWORK], name, phase, base[PARENT_TRACE], base[PARENT_SPAN], base[EXTRAS])
+
+
+def _stack_name(module: Any, frame: Any) -> str:
+    outer = _outermost_module_called(frame) or module
+    root = getattr(outer, "_orig_mod", outer)  # torch.compile's OptimizedModule: the model it compiled
+    base = class_name(root)
+    if module is outer or module is root:
+        return base
+    path = next((p for p, m in root.named_modules() if m is module), None)
+    return f"{base}.{path}" if path else class_name(module)
 
 
 def class_name(module: Any) -> str:

@@ -27,6 +27,7 @@ from .. import health
 from .. import names as n
 from . import funcol, groups
 from . import record as R
+from .context import on_stack
 from .c10d import _parent_span
 from .completion import _Join
 from .ops import describe
@@ -114,6 +115,7 @@ def _begin(name: str, spec: tuple[str, int, bool], args: tuple) -> list | None:
     if kind in (bw.ALL_REDUCE, bw.REDUCE_SCATTER):
         rec[R.REDOP] = args[1]
     rec[R.PARENT] = _parent_span()
+    on_stack(rec)
     return rec
 
 

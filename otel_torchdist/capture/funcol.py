@@ -39,6 +39,7 @@ from .. import names as n
 from ..patching import Patch
 from . import groups
 from . import record as R
+from .context import on_stack
 from .c10d import _get_current, _is_compiling, _parent_span
 from .completion import _Join
 from .ops import describe
@@ -175,6 +176,7 @@ def _wrap(name: str, funcol: Any):
                 rec = None
             if rec is None:
                 return orig(*args, **kwargs)
+            on_stack(rec)
             _TLS.outer = rec
             rec[_T_START] = perf_counter_ns()
             try:
