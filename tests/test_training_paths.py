@@ -265,10 +265,11 @@ def fsdp1_job(tmp_path_factory):
 
 def test_fsdp1_collectives_carry_their_unit(fsdp1_job):
     colls = _collectives(fsdp1_job["spans"][0])
-    units = Counter((_a(s, n.COLL_MODULE), _a(s, n.FSDP_ACTION)) for s in colls)
+    units = Counter((_a(s, n.COLL_MODULE), _a(s, n.FSDP_ACTION), _a(s, n.COLL_PHASE)) for s in colls)
     for unit in ("Sequential.0", "Sequential.2", "Sequential.4"):
-        assert units[(unit, "unshard")] == 4  # forward and backward, two steps
-        assert units[(unit, "reduce_scatter")] == 2
+        assert units[(unit, "unshard", "forward")] == units[(unit, "unshard", "backward")] == 2  # two steps
+        assert units[(unit, "reduce_scatter", "backward")] == 2
+    assert sum(units.values()) == len(colls) == 18
     wraps = [s for s in fsdp1_job["spans"][0] if s["name"] == n.SPAN_FSDP_WRAP]
     assert {_a(s, n.SHARD_PARAMS) for s in wraps} >= {16 * 64 + 64, 64 * 64 + 64, 64 * 4 + 4}
 
