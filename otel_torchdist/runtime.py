@@ -26,7 +26,7 @@ from typing import Any
 from . import hang_board, health, logs, signals, step_roots, steps, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
-from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, later, native_hot, nccl, optim, record
+from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, functions, later, native_hot, nccl, optim, record
 from .capture import dataloader as dataloader_capture
 from .config import Config
 from .export import node as _node
@@ -49,6 +49,7 @@ def _framework_captures():
         ("DDP", ddp, None),
         ("FSDP", fsdp, "torch.distributed.fsdp"),
         ("functional collectives", funcol, None),
+        ("autograd functions", functions, None),
         ("DTensor", dtensor, "torch.distributed.tensor"),
         ("distributed checkpoint", checkpoint, "torch.distributed.checkpoint"),
         ("steps", steps, None),

@@ -474,17 +474,54 @@ def compiled(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"graphs_before": graphs_before, "graphs_after": graphs_after, "results": results, "ddp_losses": losses}
 
 
-class RowReduce(nn.Module):
-    """Megatron's row-parallel linear, by hand: its output summed over the ranks in forward (``dist``)."""
+class _CopyToRegion(torch.autograd.Function):
+    """Megatron's _CopyToModelParallelRegion: identity in forward, the gradient all-reduced in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        grad = grad.clone()
+        dist.all_reduce(grad)
+        return grad
+
+
+class _ReduceFromRegion(torch.autograd.Function):
+    """Megatron's _ReduceFromModelParallelRegion: all-reduced in forward, identity in backward."""
+
+    @staticmethod
+    def forward(ctx, x):
+        x = x.clone()
+        dist.all_reduce(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
+
+
+class ColumnParallel(nn.Module):
+    """Megatron's ColumnParallelLinear by hand: its weight its own, its input's gradient all-reduced."""
 
     def __init__(self) -> None:
         super().__init__()
-        self.linear = nn.Linear(16, 16)
+        self.weight = nn.Parameter(torch.randn(16, 16) / 4)
 
     def forward(self, x):
-        y = self.linear(x)
-        dist.all_reduce(y.detach())  # in place, outside autograd
-        return y
+        return nn.functional.linear(_CopyToRegion.apply(x), self.weight)
+
+
+class RowParallel(nn.Module):
+    """Megatron's RowParallelLinear by hand: its output all-reduced in forward."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.weight = nn.Parameter(torch.randn(16, 16) / 4)
+
+    def forward(self, x):
+        return _ReduceFromRegion.apply(nn.functional.linear(x, self.weight))
 
 
 class Gather(nn.Module):
@@ -501,12 +538,14 @@ class HandParallel(nn.Module):
     def __init__(self) -> None:
         super().__init__()
         torch.manual_seed(0)
-        self.proj = RowReduce()
+        self.embed = nn.Linear(16, 16)  # so the column-parallel input needs a gradient, as inside a model
+        self.col = ColumnParallel()
         self.gather = Gather()
+        self.row = RowParallel()
         self.head = nn.Linear(16, 4)
 
     def forward(self, x):
-        return self.head(self.gather(self.proj(x)))
+        return self.head(self.row(self.gather(self.col(self.embed(x)))))
 
 
 def hand_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

@@ -425,15 +425,19 @@ def test_ddp_collectives_name_the_model_and_count_as_comm_debug_mode(ddp_cdm_job
 
 
 def test_collectives_a_model_issues_itself_name_their_module(tmp_path_factory):
-    """``dist.all_reduce`` and a functional all-gather in the forward of modules no framework wrapped (the
-    hand-written model parallelism of Megatron's kind): each names the module whose forward issued it, counted
-    as CommDebugMode counts them; compiled, in the deep mode, the model compiled."""
+    """Hand-written model parallelism of Megatron's kind, in modules no framework wrapped: a row-parallel
+    linear's all-reduce in forward, a column-parallel linear's input-gradient all-reduce in the backward of
+    its autograd function, and a functional all-gather. Each names the module whose forward issued it or
+    applied its function, counted per module and phase as CommDebugMode counts them; compiled, in the deep
+    mode, the model compiled."""
     job = _job(tmp_path_factory, "hand_parallel", 2, "hand")
     for rank in range(2):
         spans = _collectives(job["spans"][rank])
         eager = [s for s in spans if _a(s, n.COLL_SOURCE) != "deep"]
-        assert _hierarchical(eager) == _theirs(job["results"][rank])
-        assert {_a(s, n.COLL_MODULE) for s in eager} == {"HandParallel.proj", "HandParallel.gather"}
+        theirs = _theirs(job["results"][rank])
+        assert theirs["HandParallel.col"] == {"backward": {"c10d.allreduce_": 2}}, theirs
+        assert _hierarchical(eager) == theirs
+        assert {_a(s, n.COLL_MODULE) for s in eager} == {"HandParallel.col", "HandParallel.gather", "HandParallel.row"}
         compiled = Counter((s["name"], _a(s, n.COLL_MODULE), _a(s, n.COLL_PHASE)) for s in spans if _a(s, n.COLL_SOURCE) == "deep")
         assert compiled == {("all_reduce", "HandParallel", "forward"): 2, ("all_gather_into_tensor", "HandParallel", "forward"): 2}
 

@@ -113,24 +113,39 @@ def on_stack(rec: list) -> None:
             rec[_CTX] = found
 
 
+NODE_KEY = "otel_torchdist.module"  # in a custom autograd function's node: the module that applied it
+
+
+def node_module() -> str | None:
+    """In backward, the module whose forward applied the custom autograd function running now (capture/
+    functions.py marks them in traced steps), or None."""
+    import torch
+
+    node = torch._C._current_autograd_node()
+    return node.metadata.get(NODE_KEY) if node is not None else None
+
+
 def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
-    """``ctx`` with the module found on the stack (see :func:`on_stack`), or None where no module is called."""
-    frame = sys._getframe(2)
-    module = None
-    while frame is not None:
-        if frame.f_code.co_name in _CALL_FRAMES:
-            module = frame.f_locals.get("self")
-            if module.__class__.__name__ != "GraphModule":  # a compiler's graph: the model compiled is above
-                break
-        frame = frame.f_back
-    if frame is None:
-        return None
-    try:
-        name = _STACK_NAMES.get(module)
-    except TypeError:
-        return None
+    """``ctx`` with the module found on the stack (see :func:`on_stack`), or in backward the module that
+    applied the autograd function running now (:func:`node_module`); None where there is none."""
+    name = node_module() if in_backward else None
     if name is None:
-        name = _STACK_NAMES[module] = _stack_name(module, frame)
+        frame = sys._getframe(2)
+        module = None
+        while frame is not None:
+            if frame.f_code.co_name in _CALL_FRAMES:
+                module = frame.f_locals.get("self")
+                if module.__class__.__name__ != "GraphModule":  # a compiler's graph: the model compiled is above
+                    break
+            frame = frame.f_back
+        if frame is None:
+            return None
+        try:
+            name = _STACK_NAMES.get(module)
+        except TypeError:
+            return None
+        if name is None:
+            name = _STACK_NAMES[module] = _stack_name(module, frame)
     base = ctx or EMPTY
     phase = base[PHASE] or ("backward" if in_backward else "forward")
     return (base[FRAMEWORK], name, phase, base[PARENT_TRACE], base[PARENT_SPAN], base[EXTRAS])
