@@ -8,6 +8,7 @@ All on the ``fake`` backend (collectives cost only their Python path), interleav
 * module tracking (the hooks put on tensor-parallel models): cost per module call, forward only and forward
   with backward (the output's gradient hook that makes a module's backward a context);
 * a collective no framework names, in a traced step: finding its module on the stack (``context.on_stack``);
+* ``autograd.Function.apply`` (capture/functions.py): its check in an untraced step;
 * the deep mode that sees compiled collectives: cost per plain aten op and per collective.
 """
 
@@ -34,6 +35,16 @@ def _per_call(fn, calls: int) -> float:
 
 def _stats(values: list[float]) -> str:
     return f"{statistics.median(values):8.2f} {min(values):8.2f} {max(values):8.2f}"
+
+
+class _Identity(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, x):
+        return x.view_as(x)
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad
 
 
 class _Issuer(nn.Module):
@@ -101,6 +112,7 @@ def main(argv: list[str] | None = None) -> int:
         "module forward, plain", "module forward, tracked", "added per module call",
         "module fwd+bwd, plain", "module fwd+bwd, tracked", "added per module fwd+bwd",
         "on_stack, untraced step", "on_stack, traced step", "added per collective (module lookup)",
+        "Function.apply, plain", "Function.apply, instrumented", "added per apply (untraced step)",
         "aten add, plain", "aten add, deep mode", "added per aten op",
         "collective, plain capture", "collective, deep mode on", "added per collective (deep mode)",
     )}  # fmt: skip
@@ -132,6 +144,13 @@ def main(argv: list[str] | None = None) -> int:
         rows["on_stack, untraced step"].append(untraced)
         rows["on_stack, traced step"].append(traced)
         rows["added per collective (module lookup)"].append(traced - untraced)
+        plain_apply = torch.autograd.Function.__dict__["apply"].__func__.__wrapped__
+        ag = a.clone().requires_grad_()
+        plain = _per_call(lambda: plain_apply(_Identity, ag), args.calls)
+        patched = _per_call(lambda: _Identity.apply(ag), args.calls)
+        rows["Function.apply, plain"].append(plain)
+        rows["Function.apply, instrumented"].append(patched)
+        rows["added per apply (untraced step)"].append(patched - plain)
         plain = _per_call(lambda: torch.add(a, a), args.calls)
         with deep_capture():
             deep = _per_call(lambda: torch.add(a, a), args.calls)

@@ -11,7 +11,6 @@ import logging
 import threading
 from collections import Counter
 
-from .capture import record
 
 log = logging.getLogger("otel_torchdist")
 
@@ -62,12 +61,22 @@ def errors() -> dict[str, int]:
         return dict(_errors)
 
 
+# (kind, read) for drops counted elsewhere: the record queue counts its own on the hot path, without a lock.
+_counted_elsewhere: list = []
+
+
+def count_drops_of(kind: str, read) -> None:
+    """Report ``read()`` as drops of ``kind`` too (registered by the module that counts them)."""
+    _counted_elsewhere.append((kind, read))
+
+
 def drops() -> dict[str, int]:
     with _lock:
         out = dict(_dropped)
-    records = record.dropped_records()
-    if records:
-        out["record"] = out.get("record", 0) + records
+    for kind, read in _counted_elsewhere:
+        n = read()
+        if n:
+            out[kind] = out.get(kind, 0) + n
     return out
 
 

@@ -305,24 +305,13 @@ class Runtime:
             self.roots.start()
         self.steps.attach(self.pipeline, ident.trace_key, ident.rank, ident.world_size)
         dataloader_capture.FETCH[0] = self.steps.on_fetch
-        self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold, self._wrapper_codes())
+        self.watchdog = watchdog.Watchdog(self, cfg.hang_threshold)
         self.pipeline.metric_sources.append(self.watchdog.metric_data)
         if ident.distributed and ident.world_size > 1 and stragglers.default_tcp_store() is not None:
             self.board = hang_board.HangBoard(ident.trace_key, ident.rank, ident.world_size, self.watchdog.interval)
             self.watchdog.board = self.board
             self.board.start()
         self.watchdog.start()
-
-    def _wrapper_codes(self) -> set:
-        """Code objects of our wrappers that hold a record in a local named ``rec`` (for the watchdog)."""
-        package = os.path.dirname(os.path.abspath(__file__))
-        codes = set()
-        for _, _, _, replacement in self.patcher.applied:
-            for fn in (replacement, getattr(replacement, "__wrapped__", None), getattr(replacement, "body", None)):
-                code = getattr(fn, "__code__", None)
-                if code is not None and "rec" in code.co_varnames and code.co_filename.startswith(package):
-                    codes.add(code)
-        return codes
 
     def _make_components(self) -> list[Component]:
         _load_builtin_components()

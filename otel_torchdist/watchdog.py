@@ -2,8 +2,8 @@
 
 A daemon thread looks every ``threshold / 4`` (between 0.25 and 10 s) at what is in flight:
 
-* blocking calls: it scans ``sys._current_frames()`` for the frames of otel-torchdist's own wrappers and
-  reads the record the wrapper holds (so the hot path pays nothing for this);
+* blocking calls: each wrapper leaves the record of the call it is inside in ``record.BLOCKING`` (by
+  thread) while the call runs;
 * async work: the registries completion tracking already keeps (futures, Works awaiting ``wait()``,
   functional collectives awaiting ``wait_tensor``, NCCL records awaiting the completion hook).
 
@@ -21,7 +21,6 @@ flight: the rank that never arrived is the one whose started sequence number is 
 from __future__ import annotations
 
 import logging
-import sys
 import threading
 from time import perf_counter_ns
 from typing import Any
@@ -51,11 +50,10 @@ def default_threshold() -> float:
 
 
 class Watchdog:
-    def __init__(self, rt: Any, threshold: float | None, wrapper_codes: set) -> None:
+    def __init__(self, rt: Any, threshold: float | None) -> None:
         self.rt = rt
         self.threshold = threshold if threshold is not None else default_threshold()
         self.interval = min(max(self.threshold / 4, 0.25), 10.0)
-        self.codes = wrapper_codes
         self._reported: set[int] = set()
         self._ages: dict[str, float] = {}
         self.board: Any = None  # hang_board.HangBoard, when the job has a TCPStore
@@ -79,18 +77,8 @@ class Watchdog:
 
     # --------------------------------------------------------------------------------------- check
     def blocking_in_flight(self) -> list[list]:
-        """Records of blocking calls some thread is inside right now: the Python wrappers' in their frames,
-        the native fast path's in R.BLOCKING."""
-        records: list = [rec for rec in list(R.BLOCKING.values()) if rec[R.T_START]]
-        for frame in sys._current_frames().values():
-            while frame is not None:
-                if frame.f_code in self.codes:
-                    rec = frame.f_locals.get("rec")
-                    if isinstance(rec, list) and rec[R.T_START]:
-                        records.append(rec)
-                        break  # one record a thread: a nested call passes through without its own
-                frame = frame.f_back
-        return records
+        """Records of blocking calls some thread is inside right now (R.BLOCKING)."""
+        return [rec for rec in list(R.BLOCKING.values()) if rec[R.T_START]]
 
     def in_flight(self) -> list[list | tuple]:
         records = self.blocking_in_flight()

@@ -569,8 +569,11 @@ def hand_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
             compiled(torch.randn(4, 16, generator=gen)).square().mean().backward()
             opt.step()
             opt.zero_grad()
+    from otel_torchdist import health
+
+    errors = health.errors()
     _finish()
-    return {"comm_counts": comm_counts, "module_counts": module_counts}
+    return {"comm_counts": comm_counts, "module_counts": module_counts, "capture_errors": errors}
 
 
 # ------------------------------------------------------------------------- checkpoint, optimizer in bwd

@@ -23,6 +23,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import threading
 from collections.abc import Callable
 from time import perf_counter_ns
 from typing import Any
@@ -59,6 +60,8 @@ _END = R.END
 _Tensor = torch.Tensor
 _graph_task_id = torch._C._current_graph_task_id
 _STEP = R.STEP
+_BLOCKING = R.BLOCKING
+_get_ident = threading.get_ident
 _COMPLETION_FUTURE = groups.COMPLETION_FUTURE
 _END_RETURN = n.END_RETURN
 
@@ -245,15 +248,19 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
             return orig(*args, **kwargs)
         on_stack(rec)
         TLS.outer = rec
+        tid = _get_ident()
+        _BLOCKING[tid] = rec  # what the hang watchdog reads
         rec[_T_START] = perf_counter_ns()
         try:
             result = orig(*args, **kwargs)
         except BaseException as exc:
             TLS.outer = None
+            _BLOCKING.pop(tid, None)
             _fail(rec, exc)
             raise
         t_end = perf_counter_ns()
         TLS.outer = None
+        _BLOCKING.pop(tid, None)
         try:
             gi = _BY_ID[rec[_GROUP]]
             if gi.completion is _COMPLETION_FUTURE and not rec[_ASYNC] and not rec[_INNER]:
@@ -353,14 +360,18 @@ def wrap_coalescing_manager(orig: Callable) -> Callable:
             inner.__exit__(None, None, None)
             return
         TLS.outer = rec
+        tid = _get_ident()
+        _BLOCKING[tid] = rec
         rec[R.T_START] = perf_counter_ns()
         try:
             inner.__exit__(None, None, None)
         except BaseException as exc:
             TLS.outer = None
+            _BLOCKING.pop(tid, None)
             _fail(rec, exc)
             raise
         TLS.outer = None
+        _BLOCKING.pop(tid, None)
         rec[R.ASYNC] = bool(async_ops)
         try:
             _finish(rec, list(cm.works) if async_ops else None)

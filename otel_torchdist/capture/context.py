@@ -83,7 +83,8 @@ def _outermost_module_called(frame: Any = None) -> Any:
     import torch.nn as nn
 
     outer = None
-    frame = frame or sys._getframe(1)
+    if frame is None:
+        frame = sys._getframe(1)
     while frame is not None:
         if frame.f_code.co_name in _CALL_FRAMES:
             owner = frame.f_locals.get("self")
@@ -152,7 +153,9 @@ def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
 
 
 def _stack_name(module: Any, frame: Any) -> str:
-    outer = _outermost_module_called(frame) or module
+    outer = _outermost_module_called(frame)
+    if outer is None:  # never `or`: a module's truth is its len() where it has one (OptimizedModule)
+        outer = module
     root = getattr(outer, "_orig_mod", outer)  # torch.compile's OptimizedModule: the model it compiled
     base = class_name(root)
     if module is outer or module is root:

@@ -24,6 +24,7 @@ is likewise only visible to the deep mode.
 from __future__ import annotations
 
 import functools
+import threading
 import inspect
 import sys
 import weakref
@@ -86,6 +87,7 @@ _Tensor = torch.Tensor
 _BY_ID = groups.BY_ID
 _TLS = R.TLS
 _of_tensor = R.of_tensor
+_get_ident = threading.get_ident
 _QUEUE = R.QUEUE
 _limit = R._limit
 _T_START, _T_END, _END, _EXTRA, _GROUP, _SEQ = R.T_START, R.T_END, R.END, R.EXTRA, R.GROUP, R.SEQ
@@ -178,15 +180,19 @@ def _wrap(name: str, funcol: Any):
                 return orig(*args, **kwargs)
             on_stack(rec)
             _TLS.outer = rec
+            tid = _get_ident()
+            R.BLOCKING[tid] = rec  # what the hang watchdog reads
             rec[_T_START] = perf_counter_ns()
             try:
                 result = orig(*args, **kwargs)
             except BaseException as exc:
                 _TLS.outer = None
+                R.BLOCKING.pop(tid, None)
                 rec[R.ERROR] = R.error_info(exc)
                 R.complete(rec, n.END_RETURN)
                 raise
             _TLS.outer = None
+            R.BLOCKING.pop(tid, None)
             try:
                 gi = _BY_ID[rec[_GROUP]]
                 rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)

@@ -18,6 +18,8 @@ from collections import deque
 from time import perf_counter_ns
 from typing import Any
 
+from .. import health
+
 # Field positions. Times are perf_counter_ns values; GROUP is an index into groups.BY_ID.
 OP = 0  # API name as called, e.g. "all_gather_into_tensor"
 KIND = 1  # nccl-tests family (bandwidth.KINDS)
@@ -123,8 +125,8 @@ class _Local(threading.local):
 
 
 TLS = _Local()
-# thread id -> the record of the blocking call that thread is inside, for the calls the native fast path
-# takes (capture/native_hot.py); the Python wrappers' records are found in their frames (watchdog.py).
+# thread id -> the record of the blocking call that thread is inside, written by every wrapper that holds one
+# (the c10d and functional wrappers, the coalescing block, the native fast path): the hang watchdog reads it.
 BLOCKING: dict[int, list] = {}
 QUEUE: deque[tuple] = deque()
 _limit = [65536]
@@ -192,6 +194,9 @@ def push(rec: list) -> None:
 
 def dropped_records() -> int:
     return _dropped[0]
+
+
+health.count_drops_of("record", dropped_records)
 
 
 def error_info(exc: BaseException) -> tuple[str, str]:
