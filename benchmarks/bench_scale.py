@@ -142,6 +142,7 @@ def _worker(spec: dict) -> dict:
 
     import otel_torchdist
     from otel_torchdist import names as n
+    from otel_torchdist.export import prometheus_names
     from otel_torchdist import runtime
     from otel_torchdist.export import otlp
     from otel_torchdist.export.sinks import GZIP_LEVEL  # what goes on the wire
@@ -614,6 +615,7 @@ def live_prometheus(steps: int) -> dict | None:
 # ---------------------------------------------------------------------------------- per-rank summaries
 def _category(family: str) -> str:
     from otel_torchdist import names as n
+    from otel_torchdist.export import prometheus_names
 
     for label, metrics in (
         ("collective", n.COLLECTIVE_METRICS + (n.COLLECTIVE_HANGS,)),
@@ -623,7 +625,7 @@ def _category(family: str) -> str:
         ("system", n.SYSTEM_METRICS),
         ("telemetry health", n.TELEMETRY_METRICS),
     ):
-        if family in {n.prometheus_name(m) for m in metrics}:
+        if family in {prometheus_names.prometheus_name(m) for m in metrics}:
             return label
     return "other"
 
@@ -729,6 +731,7 @@ def job_spans_per_step(job: str, world: int, res: dict[str, dict]) -> tuple[floa
 
 def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     from otel_torchdist import names as n
+    from otel_torchdist.export import prometheus_names
 
     main = res["3d"]
     print(f"# machine: {_machine()}")
@@ -844,6 +847,7 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     print(f"system_metrics=False    : {series(nosys)} series ({series(nosys) - base:+d}: "
           + ", ".join(f for f in main["scrape"]["families"] if f not in nosys["scrape"]["families"]) + ")")
     from otel_torchdist import names as n
+    from otel_torchdist.export import prometheus_names
 
     coarse = res["coarse-buckets"]
     print(f"histogram_buckets={','.join(f'{b:g}' for b in COARSE)}: {series(coarse)} series ({series(coarse) - base:+d}; "

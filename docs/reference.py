@@ -86,6 +86,7 @@ def _comments(module) -> dict[str, str]:
 
 def telemetry() -> str:
     from otel_torchdist import names as n
+    from otel_torchdist.export.prometheus_names import prometheus_name
 
     notes = _comments(n)
 
@@ -119,7 +120,7 @@ def telemetry() -> str:
     ]
     for m in n.METRICS:
         labels = ", ".join(f"`{a}`" for a in m.attributes)
-        lines.append(f"| `{m.name}` | `{n.prometheus_name(m)}` | {m.instrument} | `{m.unit}` | {labels} | {_cell(m.description)} |")
+        lines.append(f"| `{m.name}` | `{prometheus_name(m)}` | {m.instrument} | `{m.unit}` | {labels} | {_cell(m.description)} |")
     return "\n".join(lines) + "\n"
 
 

@@ -314,7 +314,7 @@ class Config:
     """``rank``: every rank exports its own metrics. ``node``: the ranks of a node hand their metrics to
     the node's local rank 0 (``LOCAL_RANK``, which torchrun sets) through files in the run folder, and only
     it exports them, summed (counters, histograms) or combined as each gauge says
-    (``names.NODE_MERGE``), labelled ``host`` instead of ``rank``: one Prometheus target and one OTLP
+    (``export.node.NODE_MERGE``), labelled ``host`` instead of ``rank``: one Prometheus target and one OTLP
     stream per node, a node's worth fewer series. Spans stay per rank. Env:
     ``OTEL_TORCHDIST_METRICS_AGGREGATION``."""
 

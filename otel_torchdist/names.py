@@ -12,7 +12,7 @@ Conventions (OpenTelemetry style in code, Prometheus names derived):
 * Metric attributes are short (``op``, ``group``, ``rank``, ``run``) because they become Prometheus labels
   that people type in PromQL.
 * Metric units go in ``unit=`` (UCUM: ``s``, ``By``, ``{call}``), never in the name; the Prometheus name
-  is derived by :func:`prometheus_name`, the same way the OpenTelemetry Collector's Prometheus exporter
+  is derived by ``export/prometheus_names.py``, the same way the OpenTelemetry Collector's Prometheus exporter
   derives it, so direct ``/metrics`` scraping and the Collector path give identical series names.
 """
 
@@ -769,55 +769,6 @@ SYSTEM_METRICS = (
 
 METRICS = COLLECTIVE_METRICS + TELEMETRY_METRICS + TRAINING_PATH_METRICS + STEP_METRICS + SYSTEM_METRICS
 
-# How a node's ranks combine into one point under metrics_aggregation="node", for points whose labels
-# (rank dropped, host added) coincide. Counters and histograms not listed are summed: exact, since every
-# rank uses the same bounds. Every gauge is listed (a test checks): "max" where the ranks measure one thing
-# (the model, a GPU, the host) or where the worst rank is the news; "min" where the laggard is.
-NODE_MERGE: dict[str, str] = {
-    MODEL_PARAMETERS.name: "max",
-    MODEL_PARAMETER_BYTES.name: "max",
-    DDP_FORWARD_COMPUTE.name: "max",
-    DDP_BACKWARD_COMPUTE.name: "max",
-    DDP_BACKWARD_COMM.name: "max",
-    DDP_BACKWARD_OVERLAP.name: "max",
-    DDP_BUCKETS.name: "max",
-    STEP_CURRENT.name: "min",
-    STRAGGLER_SCORE.name: "max",
-    STRAGGLER_SLOWEST.name: "max",
-    COLLECTIVE_INFLIGHT_AGE.name: "max",
-    COLLECTIVE_HANG_MISSING.name: "max",  # per missing rank: the highest hung sequence number any rank waits in
-    GROUP_SEQ_STARTED.name: "max",
-    GROUP_SEQ_COMPLETED.name: "min",
-    TRAIN_LOSS.name: "mean",
-    TRAIN_LR.name: "mean",
-    TRAIN_SAMPLE_RATE.name: "sum",
-    TRAIN_TOKEN_RATE.name: "sum",
-    TRAIN_ETA.name: "max",
-    GPU_UTILIZATION.name: "max",
-    GPU_MEMORY_USED.name: "max",
-    GPU_MEMORY_TOTAL.name: "max",
-    GPU_POWER.name: "max",
-    GPU_TEMPERATURE.name: "max",
-    GPU_SM_CLOCK.name: "max",
-    GPU_PCIE_THROUGHPUT.name: "max",
-    GPU_NVLINK_IO.name: "max",
-    GPU_THROTTLED.name: "max",
-    GPU_ECC_ERRORS.name: "max",
-    CUDA_ALLOCATED.name: "sum",
-    CUDA_RESERVED.name: "sum",
-    CUDA_PEAK.name: "sum",
-    PROCESS_CPU_UTILIZATION.name: "sum",
-    PROCESS_RSS.name: "sum",
-    PROCESS_OPEN_FDS.name: "sum",
-    HOST_NETWORK_IO.name: "max",
-    AMP_GRAD_SCALE.name: "min",
-}
-NODE_MERGE_RULES = ("sum", "max", "min", "mean")
-
-
-def node_merge(metric: Metric) -> str:
-    return NODE_MERGE.get(metric.name, "sum")
-
 # Seconds. Spans 10 µs (a small CPU collective) to 10 min (a hang being noticed).
 DURATION_BUCKETS = (
     1e-5,
@@ -844,91 +795,3 @@ DURATION_BUCKETS = (
     120.0,
     600.0,
 )
-
-# --------------------------------------------------------------------------------------------------
-# OpenTelemetry -> Prometheus names, as the Collector's Prometheus exporter builds them
-# (prometheus/otlptranslator, "underscore escaping with suffixes"): split the name into tokens, add the
-# unit's suffix unless already a token, "_total" for counters, "_ratio" for gauges of unit "1".
-
-_UNIT_SUFFIX = {
-    "d": "days",
-    "h": "hours",
-    "min": "minutes",
-    "s": "seconds",
-    "ms": "milliseconds",
-    "us": "microseconds",
-    "ns": "nanoseconds",
-    "By": "bytes",
-    "KiBy": "kibibytes",
-    "MiBy": "mebibytes",
-    "GiBy": "gibibytes",
-    "KBy": "kilobytes",
-    "MBy": "megabytes",
-    "GBy": "gigabytes",
-    "m": "meters",
-    "V": "volts",
-    "A": "amperes",
-    "J": "joules",
-    "W": "watts",
-    "g": "grams",
-    "Cel": "celsius",
-    "Hz": "hertz",
-    "1": "",
-    "%": "percent",
-}
-_PER_UNIT = {"s": "second", "m": "minute", "h": "hour", "d": "day", "w": "week", "mo": "month", "y": "year"}
-
-
-def _unit_suffixes(unit: str) -> tuple[str, str]:
-    main, _, per = unit.partition("/")
-    main, per = main.strip(), per.strip()
-    main_suffix = _UNIT_SUFFIX.get(main, main) if main and "{" not in main and "}" not in main else ""
-    per_suffix = ""
-    if per and "{" not in per and "}" not in per:
-        per_suffix = "per_" + _PER_UNIT.get(per, per)
-    return _clean(main_suffix), _clean(per_suffix)
-
-
-def _clean(text: str) -> str:
-    out = "".join(c if (c.isascii() and (c.isalnum() or c == ":")) else "_" for c in text)
-    while "__" in out:
-        out = out.replace("__", "_")
-    return out.lstrip("_")
-
-
-def prometheus_name(metric: Metric) -> str:
-    """The Prometheus family name of ``metric`` (without ``_bucket``/``_sum``/``_count``)."""
-    tokens = [t for t in "".join(c if (c.isascii() and (c.isalnum() or c == ":")) else " " for c in metric.name).split()]
-    main, per = _unit_suffixes(metric.unit)
-    if main in tokens:
-        main = ""
-    if per == "per_":
-        per = ""
-    else:
-        per = per.rstrip("_")
-        if per in tokens:
-            per = ""
-    if per:
-        main = main.rstrip("_")
-    if main:
-        tokens.append(main)
-    if per:
-        tokens.append(per)
-    if metric.instrument == "counter":
-        tokens = [t for t in tokens if t != "total"] + ["total"]
-    if metric.unit == "1" and metric.instrument == "gauge":
-        tokens = [t for t in tokens if t != "ratio"] + ["ratio"]
-    name = "_".join(tokens)
-    return "_" + name if name[:1].isdigit() else name
-
-
-def prometheus_series_names(metrics: tuple[Metric, ...] = ()) -> set[str]:
-    """Every series name a scrape of ``/metrics`` can show for ``metrics`` (default: all)."""
-    out: set[str] = set()
-    for m in metrics or METRICS:
-        base = prometheus_name(m)
-        if m.instrument == "histogram":
-            out.update({base + "_bucket", base + "_sum", base + "_count"})
-        else:
-            out.add(base)
-    return out

@@ -40,6 +40,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import torch
 import torch.distributed as dist
 
+from otel_torchdist.export import prometheus_names
+
 from . import grafana
 
 
@@ -282,8 +284,8 @@ def _series_to_family() -> dict[str, str]:
 
     out = {}
     for m in names.METRICS:
-        base = names.prometheus_name(m)
-        for series in names.prometheus_series_names((m,)):
+        base = prometheus_names.prometheus_name(m)
+        for series in prometheus_names.prometheus_series_names((m,)):
             out[series] = base
     return out
 
@@ -393,7 +395,7 @@ class GpuStandIn:
         t = time.monotonic() - self.t0
         lines = []
         for metric in gpu_only_metrics():
-            name = names.prometheus_name(metric)
+            name = prometheus_names.prometheus_name(metric)
             lines.append(f"# TYPE {name} {'counter' if metric.instrument == 'counter' else 'gauge'}")
             for rank in range(self.world_size):
                 for labels in self._labels(metric, rank):

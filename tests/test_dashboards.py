@@ -28,6 +28,7 @@ from . import grafana
 from . import scenarios_deploy as sd
 from .harness import wait_for
 from .peers import prometheus_binary
+from otel_torchdist.export import prometheus_names
 
 DATASOURCE_UIDS = {ds["uid"]: ds["type"] for ds in sd.load_yaml(sd.DATASOURCES)["datasources"]}
 DASHBOARD_FILES = [os.path.basename(p) for p in sd.dashboard_files()]
@@ -121,7 +122,7 @@ def test_collectives_dashboard_compares_busbw_with_a_link_peak_variable():
 def test_every_series_is_in_the_frozen_schema_or_a_recording_rule():
     from otel_torchdist import names
 
-    known = names.prometheus_series_names()
+    known = prometheus_names.prometheus_series_names()
     recorded = set(sd.recording_rules())
     for case in CASES:
         assert sd.referenced_series(case.expr) <= known, (case.case_id, sd.referenced_series(case.expr) - known)

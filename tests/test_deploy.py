@@ -27,6 +27,7 @@ from . import scenarios_deploy as sd
 from . import stack as real_stack
 from .harness import wait_for
 from .peers import prometheus_binary
+from otel_torchdist.export import prometheus_names
 
 COMPOSE = os.path.join(sd.DEPLOY, "docker-compose.yml")
 COLLECTOR = os.path.join(sd.DEPLOY, "otel-collector", "config.yaml")
@@ -278,7 +279,7 @@ def test_dropped_telemetry_alert_leaves_out_exactly_the_limits_the_user_set():
 def test_every_rule_uses_schema_names_and_run_rank_labels():
     from otel_torchdist import names
 
-    known = names.prometheus_series_names()
+    known = prometheus_names.prometheus_series_names()
     for case in sd.rule_exprs():
         assert sd.referenced_series(case.expr) <= known, case.case_id
     for group in sd.rule_groups():

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from otel_torchdist import config, names as n
 from otel_torchdist.capture import c10d, ops
+from otel_torchdist.export import prometheus_names as pn
 
 
 def test_collective_span_names_are_frozen():
@@ -127,14 +128,14 @@ FROZEN_METRICS = {
 
 
 def test_metric_names_units_labels_and_prometheus_names_are_frozen():
-    got = {(m.name, m.instrument, m.unit, m.attributes, n.prometheus_name(m)) for m in n.METRICS}
+    got = {(m.name, m.instrument, m.unit, m.attributes, pn.prometheus_name(m)) for m in n.METRICS}
     assert got == FROZEN_METRICS
     assert len({m.name for m in n.METRICS}) == len(n.METRICS)
-    assert len({n.prometheus_name(m) for m in n.METRICS}) == len(n.METRICS)
+    assert len({pn.prometheus_name(m) for m in n.METRICS}) == len(n.METRICS)
 
 
 def test_prometheus_series_names_expand_histograms():
-    assert n.prometheus_series_names(n.COLLECTIVE_METRICS + n.TELEMETRY_METRICS) == {
+    assert pn.prometheus_series_names(n.COLLECTIVE_METRICS + n.TELEMETRY_METRICS) == {
         "torchdist_collective_duration_seconds_bucket",
         "torchdist_collective_duration_seconds_sum",
         "torchdist_collective_duration_seconds_count",
@@ -206,7 +207,7 @@ def test_prometheus_name_translation_table():
         (n.Metric("2xx.rate", "gauge", "1", "", ()), "_2xx_rate_ratio"),
     ]
     for metric, expected in cases:
-        assert n.prometheus_name(metric) == expected
+        assert pn.prometheus_name(metric) == expected
 
 
 def test_environment_variables_are_frozen():

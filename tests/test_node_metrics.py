@@ -51,9 +51,9 @@ def _by_name(data):
 
 def test_every_gauge_says_how_a_node_combines_it():
     gauges = {m.name for m in n.METRICS if m.instrument == "gauge"}
-    assert gauges <= set(n.NODE_MERGE), sorted(gauges - set(n.NODE_MERGE))
-    assert set(n.NODE_MERGE) <= {m.name for m in n.METRICS}
-    assert set(n.NODE_MERGE.values()) <= set(n.NODE_MERGE_RULES)
+    assert gauges <= set(node.NODE_MERGE), sorted(gauges - set(node.NODE_MERGE))
+    assert set(node.NODE_MERGE) <= {m.name for m in n.METRICS}
+    assert set(node.NODE_MERGE.values()) <= set(node.NODE_MERGE_RULES)
 
 
 def test_merge_sums_counts_and_buckets_and_combines_gauges_by_their_rule():

@@ -14,6 +14,7 @@ from otel_torchdist import config
 from otel_torchdist import names as n
 
 from .harness import REPO
+from otel_torchdist.export.prometheus_names import prometheus_name
 
 _spec = importlib.util.spec_from_file_location("docs_reference", os.path.join(REPO, "docs", "reference.py"))
 reference = importlib.util.module_from_spec(_spec)
@@ -34,4 +35,4 @@ def test_every_field_variable_and_metric_is_in_the_references():
     for variable, _, _ in config._ENV:
         assert f"`{variable}`" in pages["configuration.md"]
     for metric in n.METRICS:
-        assert f"`{n.prometheus_name(metric)}`" in pages["telemetry.md"]
+        assert f"`{prometheus_name(metric)}`" in pages["telemetry.md"]

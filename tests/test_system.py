@@ -34,6 +34,7 @@ from otel_torchdist.system.warn import LOW_GPU_UTILIZATION, MEMORY_NEAR_LIMIT, W
 
 from . import scenarios_system
 from .harness import last_metrics, read_metric_lines, read_spans, run_ranks, wait_for
+from otel_torchdist.export.prometheus_names import prometheus_name
 
 RUN = "sys-ddp"
 GPU_VISIBLE = torch.cuda.device_count()
@@ -255,7 +256,7 @@ def test_metrics_follow_the_schema_and_scrape_with_prometheus_names(fake_pg, ins
     body = urllib.request.urlopen(runtime.current().prometheus.url, timeout=10).read().decode()
     scraped = {s.name: s for fam in text_string_to_metric_families(body) for s in fam.samples}
     for md in data:
-        base = n.prometheus_name(md.metric)
+        base = prometheus_name(md.metric)
         name = base + "_count" if md.metric.instrument == "histogram" else base
         assert name in scraped, name
         assert scraped[name].labels["run"] == "unit" and scraped[name].labels["rank"] == "0"

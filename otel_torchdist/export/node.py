@@ -23,6 +23,56 @@ from .. import names as n
 from ..telemetry import HistogramPoint, MetricData, NumberPoint
 from .sinks import Sink
 
+# How a node's ranks combine into one point under metrics_aggregation="node", for points whose labels
+# (rank dropped, host added) coincide. Counters and histograms not listed are summed: exact, since every
+# rank uses the same bounds. Every gauge is listed (a test checks): "max" where the ranks measure one thing
+# (the model, a GPU, the host) or where the worst rank is the news; "min" where the laggard is.
+NODE_MERGE: dict[str, str] = {
+    n.MODEL_PARAMETERS.name: "max",
+    n.MODEL_PARAMETER_BYTES.name: "max",
+    n.DDP_FORWARD_COMPUTE.name: "max",
+    n.DDP_BACKWARD_COMPUTE.name: "max",
+    n.DDP_BACKWARD_COMM.name: "max",
+    n.DDP_BACKWARD_OVERLAP.name: "max",
+    n.DDP_BUCKETS.name: "max",
+    n.STEP_CURRENT.name: "min",
+    n.STRAGGLER_SCORE.name: "max",
+    n.STRAGGLER_SLOWEST.name: "max",
+    n.COLLECTIVE_INFLIGHT_AGE.name: "max",
+    n.COLLECTIVE_HANG_MISSING.name: "max",  # per missing rank: the highest hung sequence number any rank waits in
+    n.GROUP_SEQ_STARTED.name: "max",
+    n.GROUP_SEQ_COMPLETED.name: "min",
+    n.TRAIN_LOSS.name: "mean",
+    n.TRAIN_LR.name: "mean",
+    n.TRAIN_SAMPLE_RATE.name: "sum",
+    n.TRAIN_TOKEN_RATE.name: "sum",
+    n.TRAIN_ETA.name: "max",
+    n.GPU_UTILIZATION.name: "max",
+    n.GPU_MEMORY_USED.name: "max",
+    n.GPU_MEMORY_TOTAL.name: "max",
+    n.GPU_POWER.name: "max",
+    n.GPU_TEMPERATURE.name: "max",
+    n.GPU_SM_CLOCK.name: "max",
+    n.GPU_PCIE_THROUGHPUT.name: "max",
+    n.GPU_NVLINK_IO.name: "max",
+    n.GPU_THROTTLED.name: "max",
+    n.GPU_ECC_ERRORS.name: "max",
+    n.CUDA_ALLOCATED.name: "sum",
+    n.CUDA_RESERVED.name: "sum",
+    n.CUDA_PEAK.name: "sum",
+    n.PROCESS_CPU_UTILIZATION.name: "sum",
+    n.PROCESS_RSS.name: "sum",
+    n.PROCESS_OPEN_FDS.name: "sum",
+    n.HOST_NETWORK_IO.name: "max",
+    n.AMP_GRAD_SCALE.name: "min",
+}
+NODE_MERGE_RULES = ("sum", "max", "min", "mean")
+
+
+def node_merge(metric: n.Metric) -> str:
+    return NODE_MERGE.get(metric.name, "sum")
+
+
 _log = logging.getLogger("otel_torchdist")
 
 _METRICS = {m.name: m for m in n.METRICS}
@@ -69,14 +119,14 @@ def decode(doc: dict[str, Any]) -> list[MetricData]:
 # --------------------------------------------------------------------------------------------- merge
 def merge(batches: Iterable[list[MetricData]], node: str) -> list[MetricData]:
     """One node's points from its ranks' points: ``rank`` dropped, ``host`` added, then every set of points
-    with the same labels combined by the metric's rule (``names.node_merge``)."""
+    with the same labels combined by the metric's rule (``node_merge``)."""
     found: dict[str, tuple[n.Metric, dict[tuple, list[Any]]]] = {}
     for data in batches:
         for md in data:
             slot = found.get(md.metric.name)
             if slot is None:
                 slot = found[md.metric.name] = (md.metric, {})
-            rule = n.node_merge(md.metric)
+            rule = node_merge(md.metric)
             acc = slot[1]
             for p in md.points:
                 labels = {k: v for k, v in p.attributes.items() if k != n.M_RANK}
@@ -97,7 +147,7 @@ def merge(batches: Iterable[list[MetricData]], node: str) -> list[MetricData]:
         if metric.instrument == "histogram":
             points: list[Any] = [cur[0] for cur in acc.values()]
         else:
-            mean = n.node_merge(metric) == "mean"
+            mean = node_merge(metric) == "mean"
             points = [NumberPoint(labels, value / count if mean else value) for labels, value, count in acc.values()]
         out.append(MetricData(metric, points))
     return out
@@ -136,7 +186,7 @@ def _add_histogram(into: HistogramPoint, p: HistogramPoint, metric: n.Metric) ->
 
 def _cumulative_only(data: list[MetricData]) -> list[MetricData]:
     """The summed counters and histograms of a snapshot: what a rank's earlier process leaves to keep."""
-    return [md for md in data if md.metric.instrument != "gauge" and n.node_merge(md.metric) == "sum"]
+    return [md for md in data if md.metric.instrument != "gauge" and node_merge(md.metric) == "sum"]
 
 
 # ----------------------------------------------------------------------------------------- the ranks

@@ -1,8 +1,8 @@
 """The per-rank Prometheus ``/metrics`` endpoint.
 
 It serves the same exporter-neutral points as the OTLP and file exporters, named by
-:func:`otel_torchdist.names.prometheus_name` (the OpenTelemetry Collector's translation, so scraping a rank
-directly and scraping a Collector give the same series). Histogram buckets carry the latest sampled span
+``prometheus_names.prometheus_name`` (the OpenTelemetry Collector's translation, so scraping a rank directly
+and scraping a Collector give the same series). Histogram buckets carry the latest sampled span
 as an OpenMetrics exemplar (labels ``trace_id``, ``span_id``), which Prometheus keeps when run with
 ``--enable-feature=exemplar-storage`` and Grafana turns into a link to the Jaeger trace.
 
@@ -25,6 +25,7 @@ from prometheus_client.samples import Exemplar
 from .. import health
 from .. import names as n
 from ..telemetry import MetricData
+from .prometheus_names import prometheus_name
 from .sinks import write_json_whole
 
 _log = logging.getLogger("otel_torchdist")
@@ -37,7 +38,7 @@ def families(metrics: list[MetricData]):
     """prometheus_client metric families for exporter-neutral ``metrics``."""
     for md in metrics:
         m = md.metric
-        name = n.prometheus_name(m)
+        name = prometheus_name(m)
         if not md.points:
             continue
         label_names = list(md.points[0].attributes)
