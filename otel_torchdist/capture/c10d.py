@@ -304,7 +304,6 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
     if hot_eligible(spec, binder):
         HOT.append((hot, spec, binder, orig, body))
     wrapper.__otel_torchdist_wrapped__ = orig
-    wrapper.body = body  # its frame holds the record: the hang watchdog reads it there
     return wrapper
 
 

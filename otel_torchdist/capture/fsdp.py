@@ -42,7 +42,7 @@ def _group_name(group: Any) -> str:
     if fqn:
         name = ", ".join(f"{root}.{f}" if root else f for f in fqn.split(", "))
     else:
-        name = root or (_class_name(modules[0]) if modules else "<root>")
+        name = root or (context.class_name(modules[0]) if modules else "<root>")
     if fqn is not None:  # named by the root's lazy initialisation: final
         _group_names[group] = name
     return name
@@ -53,12 +53,9 @@ def _root_class(module: Any) -> str | None:
     state first), or None before the root's lazy initialisation."""
     try:
         states = module._get_fsdp_state()._state_ctx.all_states
-        return _class_name(states[0]._modules[0]) if states else None
+        return context.class_name(states[0]._modules[0]) if states else None
     except Exception:
         return None
-
-
-_class_name = context.class_name
 
 
 def _wrap_group_method(action: str):
