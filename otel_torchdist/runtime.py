@@ -456,7 +456,7 @@ class Runtime:
         completion.flush_unfinished()
         for rec in ddp_native.abandon(self.steps):
             record.complete(rec, n.END_UNFINISHED)
-        nccl.flush_pending()
+        nccl.flush_pending(min(1.0, self.end_budget()))
         # No process group ever: nothing was captured (collectives need one). A helper process of the job (a
         # launcher's, multiprocessing's resource tracker, a spawned DataLoader worker, all instrumented by
         # opentelemetry-instrument's sitecustomize) writes no run folder and prints no summary.

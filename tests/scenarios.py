@@ -364,6 +364,8 @@ def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     dist.init_process_group("nccl", rank=rank, world_size=ws)
     t = torch.ones(64 << 20, device="cuda")  # 256 MiB of float32
     for _ in range(3):
+        # queued behind ~50 ms of GPU work: the call returns at enqueue, the GPU finishes after the sleep
+        torch.cuda._sleep(100_000_000)
         dist.all_reduce(t)
     torch.cuda.synchronize()
     import otel_torchdist

@@ -36,7 +36,7 @@ from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import caller, completion, groups
+from . import caller, completion, groups, nccl
 from .context import on_stack, stack_context
 from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
 from . import record as R
@@ -197,8 +197,7 @@ def _finish(rec: list, result: Any) -> None:
         else:
             R._dropped[0] += 1
     elif completion_kind == groups.COMPLETION_NCCL_HOOK and rec[R.KIND] != bw.SEND_RECV:
-        with gi.lock:
-            gi.pending[rec[R.SEQ]] = rec
+        nccl.expect(gi, rec)
     else:
         complete(rec, n.END_ENQUEUE)
 

@@ -36,6 +36,7 @@ class GroupInfo:
         "own_seq",
         "completion",
         "pending",
+        "early",
         "lock",
         "span_attrs",
         "last_completed",
@@ -60,6 +61,7 @@ class GroupInfo:
         self.own_seq = itertools.count(1)
         self.completion = COMPLETION_ENQUEUE if _is_gpu_backend(self.backend) else COMPLETION_FUTURE
         self.pending: dict[int, Any] = {}  # seq -> Record, for completion hooks joined on sequence number
+        self.early: dict[int, Any] = {}  # seq -> a completion reported before its record was pending
         self.lock = threading.Lock()
         self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans
         self.last_completed = 0  # highest sequence number seen complete (the drain thread updates it)

@@ -10,12 +10,22 @@ group's sequence number (what ``_get_sequence_number_for_group()`` returned righ
 The hook is a private, deprecated-in-favour-of-Flight-Recorder API, so everything here is feature-detected;
 without it records say ``end_source="enqueue"``. Point-to-point work uses a separate sequence that Python
 cannot read, so send/recv on NCCL stay enqueue-timed.
+
+Two properties of that API shape this module (seen on an H200, torch 2.11, NCCL 2.28):
+
+- The hook thread asks every completed work for its CUDA-event duration, and a work issued before timing
+  was enabled throws there: ProcessGroupNCCL aborts its communicators and the training dies. So a group
+  that already issued a collective when we first meet it (``instrument()`` called mid-training) is never
+  hooked; its records stay enqueue-timed, and a warning says why.
+- A group takes one hook for its life and it cannot be removed: a group hooked by an earlier
+  ``instrument()`` is re-used (its timing has been on since), and ``uninstrument()`` only empties the slot.
 """
 
 from __future__ import annotations
 
 import logging
 import time
+import weakref
 from datetime import datetime
 from time import perf_counter_ns
 from typing import Any
@@ -29,18 +39,37 @@ from .record import complete
 _log = logging.getLogger(__name__)
 
 
+# process group -> [GroupInfo or None]: the slot the group's one hook reads
+_hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+
+
 def attach(gi: groups.GroupInfo) -> None:
     if "nccl" not in gi.backend:
         return
     pg = gi.pg
+    slot = _hooked.get(pg)
+    if slot is not None:
+        slot[0] = gi
+        gi.completion = groups.COMPLETION_NCCL_HOOK
+        return
     register = getattr(pg, "_register_on_completion_hook", None)
     enable = getattr(pg, "_enable_collectives_timing", None)
     if register is None or enable is None:
         health.warn_once("nccl-hook-missing", "this torch has no NCCL completion hook; NCCL records are enqueue-timed")
         return
+    if gi.last_started() > 0:
+        health.warn_once(
+            "nccl-hook-late-" + gi.name,
+            "process group %s ran collectives before instrument(): its NCCL records are enqueue-timed (torch's "
+            "completion hook cannot be added to a group with untimed work; call instrument() before the first "
+            "collective for GPU-true times)",
+            gi.label,
+        )
+        return
+    slot = [gi]
     try:
         enable()
-        register(lambda info, gi=gi: _on_complete(gi, info))
+        register(lambda info, slot=slot: _on_complete(slot[0], info))
     except Exception as exc:
         health.warn_once(
             "nccl-hook-" + gi.name,
@@ -49,6 +78,7 @@ def attach(gi: groups.GroupInfo) -> None:
             exc,
         )
         return
+    _hooked[pg] = slot
     gi.completion = groups.COMPLETION_NCCL_HOOK
 
 
@@ -63,29 +93,66 @@ def _to_perf_ns(when: Any) -> int:
     return perf_counter_ns() - (time.time_ns() - wall_ns)
 
 
-def _on_complete(gi: groups.GroupInfo, info: Any) -> None:
+# WorkInfo.seq of a send/recv is the group's last collective's number: never join those
+_P2P_OPS = frozenset(("SEND", "RECV", "RECVANYSOURCE"))
+_EARLY_KEPT = 64  # reports of works never recorded (issued around the wrappers) must not pile up
+
+
+def expect(gi: groups.GroupInfo, rec: list) -> None:
+    """``rec`` was just issued: its completion comes from the hook (or already came)."""
+    with gi.lock:
+        early = gi.early.pop(rec[R.SEQ], None)
+        if early is None:
+            gi.pending[rec[R.SEQ]] = rec
+            return
+    _completed(rec, *early)
+
+
+def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
     # Runs on ProcessGroupNCCL's hook thread: never raise into it.
+    if gi is None:
+        return  # uninstrumented: the hook stays with the group
     try:
-        with gi.lock:
-            rec = gi.pending.pop(int(info.seq), None)
-        if rec is None:
+        if getattr(info.op_type, "name", None) in _P2P_OPS:
             return
         active = getattr(info, "active_duration", None)
-        if active is not None:
-            rec[R.GPU_NS] = int(active.total_seconds() * 1e9)
-        complete(rec, n.END_NCCL_HOOK, _to_perf_ns(getattr(info, "time_finished", None)))
+        gpu_ns = int(active.total_seconds() * 1e9) if active is not None else None
+        t_end = _to_perf_ns(getattr(info, "time_finished", None))
+        seq = int(info.seq)
+        with gi.lock:
+            rec = gi.pending.pop(seq, None)
+            if rec is None:
+                # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report
+                if len(gi.early) >= _EARLY_KEPT:
+                    del gi.early[next(iter(gi.early))]
+                gi.early[seq] = (gpu_ns, t_end)
+                return
+        _completed(rec, gpu_ns, t_end)
     except Exception as exc:
         health.error("completion", "could not complete an NCCL record from the completion hook", exc)
 
 
-def flush_pending() -> None:
-    """Records whose completion never arrived (process ending) are exported as unfinished."""
-    for gi in groups.all_groups():
+def _completed(rec: list, gpu_ns: int | None, t_end: int) -> None:
+    if gpu_ns is not None:
+        rec[R.GPU_NS] = gpu_ns
+    complete(rec, n.END_NCCL_HOOK, t_end)
+
+
+def flush_pending(timeout: float) -> None:
+    """The process is ending: give the watchdog (it polls every 100 ms) up to ``timeout`` seconds to report
+    what already finished on the live groups, then export what is left as unfinished and let the hooks go."""
+    deadline = time.monotonic() + timeout
+    while any(gi.pending for gi in groups.all_groups()) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    for gi in list(groups.BY_ID):  # destroyed groups too: their hooks will not come
         with gi.lock:
             recs = list(gi.pending.values())
             gi.pending.clear()
+            gi.early.clear()
         for rec in recs:
             complete(rec, n.END_UNFINISHED)
+    for slot in list(_hooked.values()):
+        slot[0] = None
 
 
 groups.register_completion_attacher(attach)

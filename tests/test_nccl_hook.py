@@ -1,0 +1,185 @@
+"""When the NCCL completion hook may be added to a group, and what is left at the end.
+
+ProcessGroupNCCL cannot exist without a GPU, so these tests use a stand-in that keeps its contract as seen
+on an H200 (torch 2.11, NCCL 2.28): one hook for a group's life, timing switched on for works issued after
+``_enable_collectives_timing()`` only, and a hook thread that asks every completed work for its CUDA-event
+duration, which for an untimed work throws and aborts the communicators (the training dies). The real
+thing is exercised by tests/test_gpu.py and benchmarks/gpu_check.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from datetime import datetime, timedelta
+from types import SimpleNamespace
+
+import pytest
+
+from otel_torchdist import health
+from otel_torchdist import names as n
+from otel_torchdist.capture import groups, nccl
+from otel_torchdist.capture import record as R
+
+
+class NcclLikeGroup:
+    """Stands in for ProcessGroupNCCL (see the module's docstring)."""
+
+    group_name = "9"
+    group_desc = "nccl-like"
+
+    def __init__(self) -> None:
+        self.seq = 0
+        self.timing = False
+        self.hook = None
+        self.in_flight: dict[int, bool] = {}  # seq -> issued with timing on
+        self.aborted = None
+
+    def size(self) -> int:
+        return 1
+
+    def rank(self) -> int:
+        return 0
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self.seq
+
+    def _enable_collectives_timing(self) -> None:
+        self.timing = True
+
+    def _register_on_completion_hook(self, hook) -> None:
+        if self.hook is not None:
+            raise RuntimeError("ProcessGroupNCCL OnCompletion hook already registered")
+        self.hook = hook
+
+    def issue(self) -> int:
+        self.seq += 1
+        self.in_flight[self.seq] = self.timing
+        return self.seq
+
+    def finish(self, seq: int, op: str = "ALLREDUCE") -> None:
+        """The watchdog sees the work done and hands it to the hook thread."""
+        timed = self.in_flight.pop(seq)
+        if self.hook is None:
+            return
+        if not timed:
+            self.aborted = f"getDuration only works if timing was enabled (work {seq})"
+            return
+        info = SimpleNamespace(op_type=SimpleNamespace(name=op), seq=seq, time_finished=datetime.now(), active_duration=timedelta(microseconds=80))
+        self.hook(info)
+
+
+@pytest.fixture
+def group():
+    pg = NcclLikeGroup()
+    gi = groups.GroupInfo(pg)
+    gi.backend = "nccl"  # dist.get_backend() knows no stand-in
+    gi.completion = groups.COMPLETION_ENQUEUE
+    gi.gid = len(groups.BY_ID)
+    groups.BY_ID.append(gi)
+    groups._groups[pg] = gi
+    R.QUEUE.clear()
+    health.reset()
+    yield pg, gi
+    groups._groups.pop(pg, None)
+    R.QUEUE.clear()
+
+
+def _new(pg, gi) -> list:
+    rec = R.new("all_reduce", "all_reduce", "test", gi.gid)
+    rec[R.SEQ] = pg.issue()
+    return rec
+
+
+def _issue(pg, gi) -> list:
+    rec = _new(pg, gi)
+    if gi.completion == groups.COMPLETION_NCCL_HOOK:
+        nccl.expect(gi, rec)
+    return rec
+
+
+def test_a_fresh_group_is_hooked_after_its_timing_is_on(group):
+    pg, gi = group
+    nccl.attach(gi)
+    assert pg.timing and pg.hook is not None
+    assert gi.completion == groups.COMPLETION_NCCL_HOOK
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ])
+    (done,) = R.QUEUE
+    assert done[R.END] == n.END_NCCL_HOOK and done[R.GPU_NS] == 80_000
+    assert pg.aborted is None
+
+
+def test_a_group_that_already_ran_collectives_is_not_hooked(group, caplog):
+    """instrument() mid-training: a work issued before timing was on would abort the job at its completion."""
+    pg, gi = group
+    earlier = pg.issue()  # in flight (or not yet reaped by the watchdog) when instrument() runs
+    nccl.attach(gi)
+    assert pg.hook is None and not pg.timing
+    assert gi.completion == groups.COMPLETION_ENQUEUE
+    pg.finish(earlier)
+    assert pg.aborted is None
+    assert "ran collectives before instrument()" in caplog.text and gi.label in caplog.text
+
+
+def test_instrumenting_again_reuses_the_groups_one_hook(group):
+    pg, gi = group
+    nccl.attach(gi)
+    nccl.flush_pending(0.0)  # uninstrument(): the hook stays, its slot empties
+    before = R.new("all_reduce", "all_reduce", "test", gi.gid)
+    before[R.SEQ] = pg.issue()
+    pg.finish(before[R.SEQ])  # completes while uninstrumented: nothing recorded, nothing raised
+    assert not R.QUEUE
+    again = groups.GroupInfo(pg)
+    again.backend, again.gid = "nccl", gi.gid
+    nccl.attach(again)  # a second register would raise in torch
+    assert again.completion == groups.COMPLETION_NCCL_HOOK
+    rec = _issue(pg, again)
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
+    assert pg.aborted is None
+
+
+def test_the_end_waits_for_reports_of_finished_work_and_no_longer(group):
+    pg, gi = group
+    nccl.attach(gi)
+    finished, hung = _issue(pg, gi), _issue(pg, gi)
+    # the watchdog polls every 100 ms: the finished work is reported a moment after the loop ends
+    threading.Timer(0.15, pg.finish, args=(finished[R.SEQ],)).start()
+    t0 = time.monotonic()
+    nccl.flush_pending(1.0)
+    waited = time.monotonic() - t0
+    ends = {r[R.SEQ]: r[R.END] for r in R.QUEUE}
+    assert ends == {finished[R.SEQ]: n.END_NCCL_HOOK, hung[R.SEQ]: n.END_UNFINISHED}
+    assert 0.15 <= waited < 1.5
+
+
+def test_a_work_reported_before_its_record_was_filed_is_still_joined(group):
+    """A tiny op can finish, and the watchdog report it, between the call's return and the wrapper filing
+    its record: the report waits for the record instead of leaving it 'unfinished' at the end."""
+    pg, gi = group
+    nccl.attach(gi)
+    rec = _new(pg, gi)
+    pg.finish(rec[R.SEQ])
+    assert not R.QUEUE
+    nccl.expect(gi, rec)
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
+    assert not gi.early and not gi.pending
+
+
+def test_a_send_does_not_complete_the_collective_sharing_its_number(group):
+    pg, gi = group
+    nccl.attach(gi)
+    rec = _issue(pg, gi)
+    # a send's work carries the number of the group's last collective (point-to-point counts apart)
+    pg.hook(SimpleNamespace(op_type=SimpleNamespace(name="SEND"), seq=rec[R.SEQ], time_finished=datetime.now(),
+                            active_duration=timedelta(microseconds=5)))  # fmt: skip
+    assert not R.QUEUE and gi.pending == {rec[R.SEQ]: rec}
+
+
+def test_reports_of_works_never_recorded_do_not_pile_up(group):
+    pg, gi = group
+    nccl.attach(gi)
+    for _ in range(1000):
+        pg.finish(pg.issue())  # issued around the wrappers (a C++ caller)
+    assert len(gi.early) <= 64
