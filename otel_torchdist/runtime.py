@@ -23,7 +23,8 @@ import threading
 import time
 from typing import Any
 
-from . import hang_board, health, logs, signals, step_roots, steps, stragglers, watchdog
+from . import health, logs, signals, steps
+from .drain import hang_board, step_roots, stragglers, watchdog
 from . import names as n
 from . import summary as _summary
 from .capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, functions, later, native_hot, nccl, optim, record
@@ -38,7 +39,7 @@ from .export import sinks as _sinks
 from .export.prometheus import PrometheusEndpoint
 from .identity import Identity, resolve, resource_attributes, sanitize
 from .patching import Patcher
-from .pipeline import Pipeline
+from .drain.pipeline import Pipeline
 
 _log = logging.getLogger("otel_torchdist")
 

@@ -18,7 +18,7 @@ configured ``OTEL_TRACES_SAMPLER`` applied to the trace id, or by default the fi
 **Compute and collective time.** The background thread collects, per step, the intervals its collectives
 were in flight on this rank (issue to completion). Their union is the step's *collective wait*; the rest
 is *compute*. Under DDP the all-reduce evens out step times across ranks, so the slow rank is the one
-whose collectives wait least for the others: its compute is the largest (``stragglers.py`` compares
+whose collectives wait least for the others: its compute is the largest (``drain/stragglers.py`` compares
 ranks).
 """
 
@@ -733,7 +733,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         tracker.roots.add(shared, t0 + off, t1 + off, root_span)
     elif root_span is not None:
         pipeline.add_span(root_span)
-    from .spans import new_span_id
+    from .drain.spans import new_span_id
 
     # Each backward pass, and before it the forward that led to it: the time since the step began or since
     # the previous backward ended (gradient accumulation: one forward and backward per micro-batch).
@@ -761,7 +761,7 @@ def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: 
     tracker._last_slow_warning = index
     message = f"step {index} took {duration:.3f} s, {duration / median:.1f}x the median of recent steps ({median:.3f} s)"
     _log.warning("%s", message)
-    from .spans import new_span_id, new_trace_id
+    from .drain.spans import new_span_id, new_trace_id
 
     off = pipeline.offset_ns
     t = info["t_end"] + off

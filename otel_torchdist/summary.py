@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .metrics import Series
+from .drain.metrics import Series
 
 
 def human_bytes(n: float) -> str:

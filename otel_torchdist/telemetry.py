@@ -1,6 +1,6 @@
 """What the background thread describes for the exporters: spans and metric points, plain and neutral.
 
-The drain (pipeline.py, steps.py, the framework captures) builds these; only the export package turns them
+The drain (drain/pipeline.py, steps.py, the framework captures) builds these; only the export package turns them
 into a wire format (export/otlp.py, export/wire.py) or hands them to an OpenTelemetry provider
 (export/otel_spans.py, export/otel_metrics.py).
 """

@@ -1,4 +1,4 @@
-"""The live hang report names the ranks that never came (otel_torchdist/hang_board.py): real gloo ranks, one
+"""The live hang report names the ranks that never came (otel_torchdist/drain/hang_board.py): real gloo ranks, one
 or two of them late to a collective or frozen, the waiting ranks' log line, span event and metric read back.
 Each job's ranks sleep a few seconds on purpose; the pure matching rules are tested first, without ranks."""
 
@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from otel_torchdist import hang_board
+from otel_torchdist.drain import hang_board
 from otel_torchdist import names as n
 
 from .harness import attrs, read_metric_lines, read_spans, run_ranks

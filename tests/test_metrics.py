@@ -6,7 +6,7 @@ import bisect
 import random
 
 from otel_torchdist import names as n
-from otel_torchdist.metrics import FrameworkMetrics, MetricStore, collective_metrics
+from otel_torchdist.drain.metrics import FrameworkMetrics, MetricStore, collective_metrics
 
 
 def test_collective_series_match_a_direct_computation_in_any_order():

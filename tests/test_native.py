@@ -159,7 +159,9 @@ def test_records_are_tuples_whose_span_attributes_are_cached_per_site(native_bui
     that cache keys on slices of the record, which a list (unhashable) would silently defeat."""
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from otel_torchdist import runtime, spans
+    from otel_torchdist import runtime
+
+    from otel_torchdist.drain import spans
     from otel_torchdist.capture import ddp_native, groups
 
     instrumented(run_id="native-sites", drain_interval=3600.0)

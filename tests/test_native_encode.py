@@ -15,7 +15,8 @@ import torch
 import torch.distributed as dist
 
 import otel_torchdist
-from otel_torchdist import native, spans, telemetry
+from otel_torchdist import native, telemetry
+from otel_torchdist.drain import spans
 from otel_torchdist.export import otlp
 from otel_torchdist.capture import groups
 from otel_torchdist.capture import record as R

@@ -19,8 +19,8 @@ from otel_torchdist import native, runtime
 from otel_torchdist.capture import groups
 from otel_torchdist.capture import record as R
 from otel_torchdist.config import Config
-from otel_torchdist.metrics import MetricStore, Series
-from otel_torchdist.pipeline import Pipeline
+from otel_torchdist.drain.metrics import MetricStore, Series
+from otel_torchdist.drain.pipeline import Pipeline
 
 
 @pytest.fixture

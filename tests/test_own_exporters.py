@@ -32,7 +32,7 @@ def test_span_limits_cut_as_the_sdk_cuts(fake_pg, instrumented, monkeypatch):
     (ours,) = _collective_attributes(folder)
     assert len(ours) == 6
     # The SDK, given the same attributes in the same order and the same limits, keeps the same.
-    from otel_torchdist.spans import limited
+    from otel_torchdist.drain.spans import limited
     from otel_torchdist.telemetry import SpanData
 
     assert all(len(v) <= 3 for v in ours.values() if isinstance(v, str))
@@ -49,7 +49,7 @@ def test_delta_temporality_sends_what_happened_since_the_last_export():
 
     from otel_torchdist.config import Config
     from otel_torchdist.export.sinks import OtlpHttpSink
-    from otel_torchdist.metrics import MetricStore, collective_metrics
+    from otel_torchdist.drain.metrics import MetricStore, collective_metrics
 
     from .test_faults_export import OtlpHttpReceiver
 
@@ -144,7 +144,7 @@ class Metrics(MetricExporter):
 def test_no_span_of_the_library_comes_near_the_attribute_count_where_limits_are_applied(fake_pg, instrumented):
     """The span limits pass runs only for a count limit under pipeline.SPAN_ATTRIBUTES_MAX: below any span's
     attribute count, it must cut nothing a span carries (collectives with every optional attribute, a step)."""
-    from otel_torchdist.pipeline import SPAN_ATTRIBUTES_MAX
+    from otel_torchdist.drain.pipeline import SPAN_ATTRIBUTES_MAX
 
     folder = instrumented()
     with otel_torchdist.step(1):

@@ -510,7 +510,7 @@ def test_a_drain_of_hundreds_of_short_steps_keeps_every_steps_totals(fake_pg, in
 
 def test_a_step_left_open_is_forgotten_once_later_steps_closed():
     from otel_torchdist.config import Config
-    from otel_torchdist.pipeline import STEPS_OPEN, STEPS_OPEN_MAX, Pipeline
+    from otel_torchdist.drain.pipeline import STEPS_OPEN, STEPS_OPEN_MAX, Pipeline
 
     pipeline = Pipeline(Config())
     left_open = pipeline.open_step_stats(1)

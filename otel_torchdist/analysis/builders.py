@@ -34,7 +34,7 @@ from typing import Any
 
 from .. import bandwidth as bw
 from .. import names as n
-from ..stragglers import scores as straggler_scores
+from ..drain.stragglers import scores as straggler_scores
 from .records import (
     Collective,
     Hang,

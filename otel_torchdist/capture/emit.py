@@ -14,7 +14,7 @@ from typing import Any
 
 from .. import names as n
 from ..telemetry import SpanData
-from ..spans import new_span_id, new_trace_id
+from ..drain.spans import new_span_id, new_trace_id
 from . import record as R
 from .caller import get_current as _get_current
 from .caller import span_context

@@ -1,7 +1,7 @@
 """The library's metric points as the OpenTelemetry SDK's ``MetricsData``, encoded for OTLP/protobuf by the
 SDK's own encoder (``opentelemetry-exporter-otlp-proto-common``), as its OTLP metric exporters encode them.
 
-The library keeps exact totals of its own (metrics.py) and sends a snapshot of them once an export interval
+The library keeps exact totals of its own (drain/metrics.py) and sends a snapshot of them once an export interval
 through its OTLP transport (export/sinks.py), the one its spans take, with the SDK exporters' retry rules
 (export/retry.py). Not through the SDK's ``OTLPMetricExporter`` itself: that one waits out its backoff against
 a collector that cannot be reached, up to its timeout (10 s), and says why only in its own log; the end of a

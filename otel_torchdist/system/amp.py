@@ -24,7 +24,7 @@ import torch
 
 from .. import health
 from ..patching import Patch
-from ..spans import dtype_name
+from ..drain.spans import dtype_name
 
 _is_compiling = torch.compiler.is_compiling
 

@@ -8,7 +8,7 @@ import threading
 
 from .. import names as n
 from ..capture.dataloader import TIMED, WAITS
-from ..metrics import Histogram
+from ..drain.metrics import Histogram
 from ..telemetry import MetricData
 from .series import labels
 

@@ -25,11 +25,11 @@ import threading
 from time import perf_counter_ns
 from typing import Any
 
-from . import callbacks, health
-from . import names as n
-from .capture import completion, ddp_native, funcol, groups
-from .capture import record as R
-from .telemetry import MetricData, NumberPoint, SpanData
+from .. import callbacks, health
+from .. import names as n
+from ..capture import completion, ddp_native, funcol, groups
+from ..capture import record as R
+from ..telemetry import MetricData, NumberPoint, SpanData
 from .spans import new_span_id, new_trace_id
 
 _log = logging.getLogger("otel_torchdist")

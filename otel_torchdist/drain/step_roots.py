@@ -18,8 +18,8 @@ import threading
 import time
 from typing import Any
 
-from . import health
-from . import names as n
+from .. import health
+from .. import names as n
 from .stragglers import connect_store, stop_worker
 
 WAIT = 5.0  # seconds rank 0 waits for the other ranks' times of one step

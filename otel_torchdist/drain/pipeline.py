@@ -22,18 +22,18 @@ from collections.abc import Callable, Mapping
 from time import perf_counter_ns, time_ns
 from typing import Any
 
-from . import bandwidth as bw
-from . import health
-from . import names as n
-from .capture import ddp_native, groups, record
-from .capture.caller import span_context
-from .capture import record as R
-from .config import Config
+from .. import bandwidth as bw
+from .. import health
+from .. import names as n
+from ..capture import ddp_native, groups, record
+from ..capture.caller import span_context
+from ..capture import record as R
+from ..config import Config
 from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
-from .telemetry import MetricData, SpanData
+from ..telemetry import MetricData, SpanData
 from .sampling import Sampler
 from .spans import collective_span, duration_seconds, limited, new_trace_id
-from .steps import Intervals, StepStats
+from ..steps import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
 _BY_ID = groups.BY_ID

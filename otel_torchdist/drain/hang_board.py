@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-from . import health
+from .. import health
 
 LOOKUP_TIMEOUT = 3.0  # seconds the watchdog waits for the board's answer
 STORE_TIMEOUT = datetime.timedelta(seconds=2)  # one store operation: a store gone never stalls the thread longer

@@ -5,10 +5,10 @@ from __future__ import annotations
 import random
 from typing import Any
 
-from . import bandwidth as bw
-from . import names as n
-from .capture import record as R
-from .telemetry import Block, SpanData
+from .. import bandwidth as bw
+from .. import names as n
+from ..capture import record as R
+from ..telemetry import Block, SpanData
 
 _rand = random.Random()
 

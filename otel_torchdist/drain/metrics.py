@@ -13,8 +13,8 @@ import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from . import names as n
-from .telemetry import HistogramPoint, MetricData, NumberPoint
+from .. import names as n
+from ..telemetry import HistogramPoint, MetricData, NumberPoint
 
 BOUNDS = n.DURATION_BUCKETS
 _bisect_left = bisect.bisect_left

@@ -27,8 +27,8 @@ import threading
 import time
 from typing import Any
 
-from . import callbacks, health
-from . import names as n
+from .. import callbacks, health
+from .. import names as n
 
 _log = logging.getLogger("otel_torchdist")
 MAX_WORLD = 1024

@@ -1,0 +1,60 @@
+"""The folders show the design (docs/architecture.md): data flows one way, training thread (capture/) ->
+drain (drain/) -> emit (export/), and only export/ knows OpenTelemetry. Read from the imports themselves."""
+
+from __future__ import annotations
+
+import ast
+import pathlib
+
+PKG = pathlib.Path(__file__).resolve().parent.parent / "otel_torchdist"
+
+# Known exceptions, each named in docs/architecture.md "Where it stands".
+EXCEPTIONS = {
+    ("capture/emit.py", "otel_torchdist.drain.spans"),  # drain code kept in capture: capture defers to it by name
+    ("capture/caller.py", "opentelemetry"),  # the caller's context, read on the training thread
+}
+
+
+def _imports(path: pathlib.Path) -> set[str]:
+    """Absolute names of the modules ``path`` imports (relative imports resolved)."""
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            names.update(a.name for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module
+            names.add(mod)
+            names.update(f"{mod}.{a.name}" for a in node.names)  # a submodule, or a name: either way seen
+    return names
+
+
+def _violations(folder: str, forbidden: tuple[str, ...]) -> list[str]:
+    found = []
+    for path in sorted((PKG / folder).rglob("*.py")):
+        where = str(path.relative_to(PKG))
+        for name in _imports(path):
+            for bad in forbidden:
+                allowed = any(where == w and (name == x or name.startswith(x + ".")) for w, x in EXCEPTIONS)
+                if (name == bad or name.startswith(bad + ".")) and not allowed:
+                    found.append(f"{where} imports {name}")
+    return found
+
+
+def test_capture_knows_neither_the_drain_nor_the_export_nor_opentelemetry():
+    assert _violations("capture", ("otel_torchdist.drain", "otel_torchdist.export", "opentelemetry")) == []
+
+
+def test_the_drain_knows_neither_the_export_nor_opentelemetry():
+    assert _violations("drain", ("otel_torchdist.export", "opentelemetry")) == []
+
+
+def test_the_checker_sees_relative_imports():
+    """The rules above would pass on a reader that saw nothing: it must find capture/emit.py's exception."""
+    assert "otel_torchdist.drain.spans" in _imports(PKG / "capture" / "emit.py")
+    assert "otel_torchdist.capture.record" in _imports(PKG / "drain" / "pipeline.py")
