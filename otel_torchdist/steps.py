@@ -733,7 +733,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         tracker.roots.add(shared, t0 + off, t1 + off, root_span)
     elif root_span is not None:
         pipeline.add_span(root_span)
-    from .drain.spans import new_span_id
+    from .ids import new_span_id
 
     # Each backward pass, and before it the forward that led to it: the time since the step began or since
     # the previous backward ended (gradient accumulation: one forward and backward per micro-batch).
@@ -761,7 +761,7 @@ def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: 
     tracker._last_slow_warning = index
     message = f"step {index} took {duration:.3f} s, {duration / median:.1f}x the median of recent steps ({median:.3f} s)"
     _log.warning("%s", message)
-    from .drain.spans import new_span_id, new_trace_id
+    from .ids import new_span_id, new_trace_id
 
     off = pipeline.offset_ns
     t = info["t_end"] + off

@@ -109,10 +109,10 @@ def rank2_pg():
 
 def _warn_in_step() -> None:
     """A framework warning inside a step (the DDP configuration check emits these)."""
-    from otel_torchdist.capture import emit
+    from otel_torchdist.capture import framework_spans
 
     t = 0
-    emit.span_later(n.SPAN_WARNING, t, t, [(n.WARNING_KIND, "test"), (n.WARNING_MESSAGE, "x")], emit.snapshot())
+    framework_spans.span_later(n.SPAN_WARNING, t, t, [(n.WARNING_KIND, "test"), (n.WARNING_MESSAGE, "x")], framework_spans.snapshot())
 
 
 @pytest.mark.parametrize(("ranks", "traced"), [("0-1,3", False), ("0-3:2", True), ("2", True)])

@@ -2,7 +2,7 @@
 
 Layered as PyTorch's Flight Recorder analyzer is: a **loader** (``loader.py``) streams a run folder, or an
 OTLP/JSON trace file downloaded from Jaeger, into typed records (``records.py``); **builders**
-(``builders.py``, ``compare.py``) are pure functions of those records that produce typed, versioned tables
+(``builders/``, ``compare.py``) are pure functions of those records that produce typed, versioned tables
 (``report.py``); **renderers** print them as text (``render_text.py``), JSON (``report.to_data``), PNG
 charts (``plot.py``) or a Chrome/Perfetto trace (``perfetto.py``). One ``noise_level`` knob (0-2) adds
 detail to every renderer: 1 adds sharding spans and per-rank step cells, 2 per-op detail per module, per

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from ..summary import human_bytes, human_rate
 from .report import CompareReport, HangReport, ModulesTable, OpsTable, Report, StepsTable, Stragglers
-from .builders import short_error
+from .builders.common import short_error
 from .stats import fmt_ranks
 
 MAX_STEP_ROWS = 20

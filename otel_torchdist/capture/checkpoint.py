@@ -19,7 +19,7 @@ import torch
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import context, emit
+from . import context, framework_spans
 from . import record as R
 from .dtensor import _binding_patches
 
@@ -76,8 +76,8 @@ def _wrap(op: str, span_name: str, is_async: bool):
                 cid = _checkpoint_id(kwargs)
                 if cid:
                     attrs.append((n.CKPT_ID, cid))
-                snap = emit.snapshot()
-                opened = emit.open_span(snap)
+                snap = framework_spans.snapshot()
+                opened = framework_spans.open_span(snap)
                 token = context.push(phase="checkpoint", parent=(opened[0], opened[1]))
             except Exception as exc:
                 health.error("checkpoint", f"could not describe a checkpoint {op}", exc)
@@ -96,7 +96,7 @@ def _wrap(op: str, span_name: str, is_async: bool):
                 if error is not None:
                     etype, message = R.error_info(error)
                     err = f"{etype.rsplit('.', 1)[-1]}: {message}"
-                emit.span_later(span_name, t_start, t_end, attrs, snap, opened, error=err, then=metrics)
+                framework_spans.span_later(span_name, t_start, t_end, attrs, snap, opened, error=err, then=metrics)
 
             try:
                 result = orig(*args, **kwargs)

@@ -46,7 +46,7 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import c10d as c10d_capture
-from . import completion, context, ddp_native, emit, groups
+from . import completion, context, ddp_native, framework_spans, groups
 from . import record as R
 from .caller import get_current as _get_current
 
@@ -350,7 +350,7 @@ def record_model(
         pipeline.framework.set(n.MODEL_PARAMETERS, (model, "trainable"), trainable)
         pipeline.framework.set(n.MODEL_PARAMETER_BYTES, (model,), nbytes)
 
-    emit.span_later(span_name, t_start, t_end, attrs, emit.snapshot(), then=set_gauges if gauges else None)
+    framework_spans.span_later(span_name, t_start, t_end, attrs, framework_spans.snapshot(), then=set_gauges if gauges else None)
 
 
 def _capture_buckets(ddp: Any) -> None:
@@ -587,12 +587,12 @@ def _read_logging_data(ddp: Any) -> None:
         )
         _log.warning("otel-torchdist: %s", message)
         now = perf_counter_ns()
-        emit.span_later(
+        framework_spans.span_later(
             n.SPAN_WARNING,
             now,
             now,
             [(n.WARNING_KIND, "ddp_config"), (n.WARNING_MESSAGE, message), (n.MODEL_CLASS, model)],
-            emit.snapshot(),
+            framework_spans.snapshot(),
             events=[(n.WARNING_EVENT, 0, [(n.WARNING_KIND, "ddp_config"), (n.WARNING_MESSAGE, message)])],
         )
 

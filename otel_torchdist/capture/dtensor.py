@@ -22,7 +22,7 @@ from typing import Any
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import context, emit
+from . import context, framework_spans
 from . import record as R
 from .c10d import _is_compiling
 
@@ -64,14 +64,14 @@ def _traced(span_name: str, describe: Any, after: Any = None):
             if _is_compiling() or R.TLS.outer is not None:
                 return orig(*args, **kwargs)
             try:
-                snap = emit.snapshot()
-                if emit.untraced(*snap):
+                snap = framework_spans.snapshot()
+                if framework_spans.untraced(*snap):
                     # The drain would drop this span, so it is not made (a redistribute per layer and pass
                     # adds up). Its collectives still say dtensor.
                     opened = None
                     token = context.push(framework="dtensor")
                 else:
-                    opened = emit.open_span(snap)
+                    opened = framework_spans.open_span(snap)
                     token = context.push(framework="dtensor", parent=(opened[0], opened[1]))
             except Exception as exc:
                 health.error("sharding", f"could not start a {span_name} span", exc)
@@ -83,7 +83,7 @@ def _traced(span_name: str, describe: Any, after: Any = None):
                 context.pop(token)
                 if opened is not None:
                     etype, message = R.error_info(exc)
-                    emit.span_later(span_name, t_start, perf_counter_ns(), [(n.ERROR_TYPE, etype)], snap, opened,
+                    framework_spans.span_later(span_name, t_start, perf_counter_ns(), [(n.ERROR_TYPE, etype)], snap, opened,
                                     error=f"{etype.rsplit('.', 1)[-1]}: {message}")  # fmt: skip
                 raise
             t_end = perf_counter_ns()
@@ -92,7 +92,7 @@ def _traced(span_name: str, describe: Any, after: Any = None):
                 if after is not None:
                     after(args, kwargs, result)
                 if opened is not None:
-                    emit.span_later(span_name, t_start, t_end, describe(args, kwargs, result), snap, opened)
+                    framework_spans.span_later(span_name, t_start, t_end, describe(args, kwargs, result), snap, opened)
             except Exception as exc:
                 health.error("sharding", f"could not record a {span_name} span", exc)
             return result

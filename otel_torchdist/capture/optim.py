@@ -20,7 +20,7 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from . import context, emit
+from . import context, framework_spans
 from . import record as R
 from .caller import get_current as _get_current
 
@@ -120,12 +120,12 @@ def _pre(optimizer, args, kwargs) -> None:
         st.depth = 1
         tls = R.TLS
         user, fw, step = _get_current() or None, tls.ctx, R.STEP[0]
-        if emit.untraced(user, fw, step):
+        if framework_spans.untraced(user, fw, step):
             # Its optimizer.step span is never built, so it gets no id (the collectives the step issues fall
             # back to the training step as their parent, untraced as well).
             trace = span = parent = None
         else:
-            trace, span, parent = emit.open_span((user, fw, step))
+            trace, span, parent = framework_spans.open_span((user, fw, step))
         base = fw or context.EMPTY
         tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
         st.frame, st.token, st.optimizer, st.inner, st.user, st.step = caller, fw, optimizer, None, user, step
@@ -257,7 +257,7 @@ def _finished(
         if trace is not None:  # None: a step of an untraced training step (see _pre)
             attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
             snap, opened = (user, fw, step), (trace, span, parent)
-            emit.build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
+            R.run(pipeline, (framework_spans.BUILD, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None))
     finally:
         if close is not None:  # the training step this optimizer step closed
             R.run(pipeline, close)

@@ -152,6 +152,31 @@ def drained(fn):
     return fn
 
 
+_named: dict[str, int] = {}
+
+
+def reserve(name: str) -> int:
+    """The index of the drain function registered as ``name`` (:func:`drained_as`): capture code defers work
+    to the drain by this index without importing the drain."""
+    index = _named.get(name)
+    if index is None:
+        index = _named[name] = len(DRAINED)
+        DRAINED.append(None)
+    return index
+
+
+def drained_as(name: str):
+    """Register a drain function under the name capture code reserved (decorator)."""
+
+    def register(fn):
+        index = reserve(name)
+        DRAINED[index] = fn
+        _index[fn] = index
+        return fn
+
+    return register
+
+
 def set_limit(max_records: int) -> None:
     _limit[0] = max_records
 

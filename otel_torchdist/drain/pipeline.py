@@ -32,7 +32,9 @@ from ..config import Config
 from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
 from ..telemetry import MetricData, SpanData
 from .sampling import Sampler
-from .spans import collective_span, duration_seconds, limited, new_trace_id
+from ..ids import new_trace_id
+from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
+from .spans import collective_span, duration_seconds, limited
 from ..steps import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")

@@ -2,24 +2,13 @@
 
 from __future__ import annotations
 
-import random
 from typing import Any
 
 from .. import bandwidth as bw
 from .. import names as n
+from ..ids import _rand
 from ..capture import record as R
 from ..telemetry import Block, SpanData
-
-_rand = random.Random()
-
-
-def new_trace_id() -> int:
-    return _rand.getrandbits(128) or 1
-
-
-def new_span_id() -> int:
-    return _rand.getrandbits(64) or 1
-
 
 def dtype_name(dtype: Any) -> str | None:
     if dtype is None:

@@ -30,7 +30,7 @@ from .. import names as n
 from ..capture import completion, ddp_native, funcol, groups
 from ..capture import record as R
 from ..telemetry import MetricData, NumberPoint, SpanData
-from .spans import new_span_id, new_trace_id
+from ..ids import new_span_id, new_trace_id
 
 _log = logging.getLogger("otel_torchdist")
 

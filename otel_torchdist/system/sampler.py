@@ -30,7 +30,7 @@ from .. import names as n
 from ..telemetry import MetricData, NumberPoint, SpanData
 from ..patching import Patcher
 from ..runtime import Component
-from ..drain.spans import new_span_id, new_trace_id
+from ..ids import new_span_id, new_trace_id
 from . import amp, cuda, dataloader, describe, process
 from .gpu import GpuReading, NvmlSampler
 from .series import labels
