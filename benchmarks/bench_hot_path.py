@@ -101,8 +101,8 @@ def _background(pipeline) -> None:
     queued spans once a batch is full (the export thread's rule; its 5 s schedule and the metric export,
     every 60 s by default, are left to the round's end, still one in 20 000 collectives)."""
     pipeline.drain()
-    if pipeline.queued_spans() >= pipeline.cfg.span_batch_size:
-        pipeline.export_spans(time.monotonic() + 600)
+    if pipeline.outbox.queued_spans() >= pipeline.cfg.span_batch_size:
+        pipeline.outbox.export_spans(time.monotonic() + 600)
 
 
 def _on_other_thread(fn) -> None:

@@ -228,13 +228,13 @@ def _worker(spec: dict) -> dict:
     data_points = pipeline.metric_data()
     from otel_torchdist.export.sdk_metrics import metrics_pb
 
-    pb = metrics_pb(pipeline.resource, data_points, pipeline.start_ns, time.time_ns())
-    as_json = otlp.metrics_to_json(pipeline.resource, data_points, pipeline.start_ns, time.time_ns())
+    pb = metrics_pb(pipeline.outbox.resource, data_points, pipeline.outbox.start_ns, time.time_ns())
+    as_json = otlp.metrics_to_json(pipeline.outbox.resource, data_points, pipeline.outbox.start_ns, time.time_ns())
     steps_done = pipeline.framework.get(n.STEPS_METRIC, ())
     target_file = os.path.join(folder, run_id, f"prometheus-targets.rank{rank}.json")
     with open(target_file, encoding="utf-8") as f:
         target = json.load(f)
-    resource = dict(pipeline.resource)
+    resource = dict(pipeline.outbox.resource)
     empty_request_pb = len(otlp.trace_request_pb(resource, []))
     empty_request_json = len(otlp.trace_request_json(resource, []).encode())
     traces_path = os.path.join(folder, run_id, f"traces.rank{rank}.jsonl")

@@ -289,7 +289,7 @@ class Runtime:
             self.pipeline.node_merge = self.node_reader.merge_with
             return True, metric_sinks
         self.hand_over = _node.HandOver(where, ident.rank)
-        self.pipeline.metric_interval = self.cfg.node_metrics_interval
+        self.pipeline.outbox.metric_interval = self.cfg.node_metrics_interval
         return False, [self.hand_over]
 
     def _start_steps(self, ident: Identity) -> None:

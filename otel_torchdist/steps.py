@@ -716,7 +716,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         span.error = f"{etype}: {message}"
         span.attributes.append((n.ERROR_TYPE, etype))
         span.events.append((n.EXCEPTION_EVENT, t1 + off, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
-    pipeline.add_span(span)
+    pipeline.outbox.add_span(span)
     root_span = None
     if tracker.rank == 0:
         root_span = SpanData(
@@ -732,7 +732,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
     if tracker.roots is not None:  # the root covers every rank's step: rank 0 emits it once they are in
         tracker.roots.add(shared, t0 + off, t1 + off, root_span)
     elif root_span is not None:
-        pipeline.add_span(root_span)
+        pipeline.outbox.add_span(root_span)
     from .ids import new_span_id
 
     # Each backward pass, and before it the forward that led to it: the time since the step began or since
@@ -740,10 +740,10 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
     end = t0
     for a, b in sorted(info["backward"]):
         if a > end:
-            pipeline.add_span(
+            pipeline.outbox.add_span(
                 SpanData(n.SPAN_PHASES["forward"], trace, new_span_id(), rank_span, end + off, a + off, [(n.PHASE_NAME, "forward")])
             )
-        pipeline.add_span(
+        pipeline.outbox.add_span(
             SpanData(n.SPAN_PHASES["backward"], trace, new_span_id(), rank_span, a + off, b + off, [(n.PHASE_NAME, "backward")])
         )
         end = max(end, b)
@@ -777,7 +777,7 @@ def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: 
         [(n.WARNING_KIND, "slow_step"), (n.WARNING_MESSAGE, message), (n.STEP, index)],
     )
     span.events.append((n.WARNING_EVENT, t, [(n.WARNING_KIND, "slow_step"), (n.WARNING_MESSAGE, message)]))
-    pipeline.add_span(span)
+    pipeline.outbox.add_span(span)
 
 
 # ------------------------------------------------------------------------------------------- backward

@@ -196,9 +196,9 @@ def backend_stuck(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     pipeline = runtime.current().pipeline
     _train(rank, ws, 20, 4)
     deadline = time.monotonic() + 30
-    while not pipeline._span_lock._lock.locked() and time.monotonic() < deadline:
+    while not pipeline.outbox.span_lock._lock.locked() and time.monotonic() < deadline:
         time.sleep(0.01)
-    stuck_before = pipeline._span_lock._lock.locked()
+    stuck_before = pipeline.outbox.span_lock._lock.locked()
     proc = psutil.Process()
     samples = []
     t_burst = time.time()
@@ -209,13 +209,13 @@ def backend_stuck(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         dist.all_reduce(t)
         checksum += float(t[0])
         if i % 100 == 0:
-            samples.append([pipeline.queued_spans(), len(record.QUEUE), proc.memory_info().rss - rss0])
+            samples.append([pipeline.outbox.queued_spans(), len(record.QUEUE), proc.memory_info().rss - rss0])
     t_last = time.time()
-    samples.append([pipeline.queued_spans(), len(record.QUEUE), proc.memory_info().rss - rss0])
+    samples.append([pipeline.outbox.queued_spans(), len(record.QUEUE), proc.memory_info().rss - rss0])
     result = {
         "checksum": checksum,
         "stuck_before": stuck_before,
-        "stuck_after": pipeline._span_lock._lock.locked(),
+        "stuck_after": pipeline.outbox.span_lock._lock.locked(),
         "samples": samples,
         "burst_s": t_last - t_burst,
         "drops": health.drops(),

@@ -142,9 +142,9 @@ class Metrics(MetricExporter):
 
 
 def test_no_span_of_the_library_comes_near_the_attribute_count_where_limits_are_applied(fake_pg, instrumented):
-    """The span limits pass runs only for a count limit under pipeline.SPAN_ATTRIBUTES_MAX: below any span's
+    """The span limits pass runs only for a count limit under outbox.SPAN_ATTRIBUTES_MAX: below any span's
     attribute count, it must cut nothing a span carries (collectives with every optional attribute, a step)."""
-    from otel_torchdist.drain.pipeline import SPAN_ATTRIBUTES_MAX
+    from otel_torchdist.drain.outbox import SPAN_ATTRIBUTES_MAX
 
     folder = instrumented()
     with otel_torchdist.step(1):

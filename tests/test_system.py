@@ -467,7 +467,7 @@ def test_nvml_readings_agree_with_nvidia_smi(fake_pg, instrumented):
     assert 0.0 <= _value(points, n.GPU_UTILIZATION.name) <= 1.0
     (allocated,) = points[n.CUDA_ALLOCATED.name]
     assert allocated.attributes["device"] == "0" and allocated.value == torch.cuda.memory_allocated(0) >= block.numel()
-    resource = runtime.current().pipeline.resource
+    resource = runtime.current().pipeline.outbox.resource
     assert resource[n.GPU_MODELS] == [torch.cuda.get_device_properties(0).name]
     assert resource[n.GPU_COUNT] == torch.cuda.device_count() and resource[n.CUDA_VERSION] == torch.version.cuda
     assert resource[n.NCCL_VERSION] == ".".join(str(x) for x in torch.cuda.nccl.version())

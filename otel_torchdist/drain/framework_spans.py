@@ -46,4 +46,4 @@ def build(pipeline, name, t_start, t_end, attributes, snap, opened, error, event
         if len(ends) >= 4096:
             ends.clear()
         ends[span_id] = span.end_ns
-    pipeline.add_span(span)
+    pipeline.outbox.add_span(span)

@@ -1,15 +1,12 @@
-"""The background half: records -> exact metrics and sampled spans -> sinks.
+"""The background half: records -> exact metrics and sampled spans -> the outbox.
 
-Three daemon threads, so a slow backend never stalls aggregation:
+The **drain** thread wakes every ``drain_interval``, empties the record queue, folds every record into the
+metric store and turns sampled ones into spans, which wait in the :class:`~.outbox.Outbox` (bounded;
+overflow is dropped and counted). The outbox's **export** thread sends span batches every
+``span_schedule_delay`` (or as soon as a batch is full) and its **metrics** thread metric snapshots every
+``metric_export_interval``, so a slow backend never stalls aggregation.
 
-* the **drain** thread wakes every ``drain_interval``, empties the record queue, folds every record into
-  the metric store and turns sampled ones into spans (bounded queue; overflow is dropped and counted);
-* the **export** thread sends span batches every ``span_schedule_delay`` (or as soon as a batch is full),
-  and the **metrics** thread metric snapshots every ``metric_export_interval``, each call bounded by the
-  exporter timeout: a metric exporter retrying against a collector that is down (the SDK's exporter waits
-  out its backoff) never holds the spans back, nor spans the metrics.
-
-``flush(timeout)`` does both at once from the calling thread, within the deadline.
+``flush(timeout)`` drains and sends both at once from the calling thread, within the deadline.
 """
 
 from __future__ import annotations
@@ -34,7 +31,8 @@ from ..telemetry import MetricData, SpanData
 from .sampling import Sampler
 from ..ids import new_trace_id
 from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
-from .spans import collective_span, duration_seconds, limited
+from .outbox import Outbox
+from .spans import collective_span
 from ..steps import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
@@ -47,39 +45,9 @@ _INTERVALS_CAP = Intervals.CAP
 
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
-ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take spans from a full queue
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
 STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
 STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
-SPAN_ATTRIBUTES_MAX = 64  # more than any span of the library carries: a count limit at or above it cuts nothing
-
-
-class ExportLock:
-    """One export path's lock (spans, metrics), taken within a timeout; without waiting while its holder is an
-    export call a flush already waited out (stuck on a backend that never answers), so the flushes of
-    destroy_process_group() and of process exit do not add up behind the same stuck call."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._turn = 0  # incremented by every holder
-        self._abandoned = -1
-
-    @property
-    def stuck(self) -> bool:
-        """Whether its holder is an export call a flush gave up waiting for."""
-        return self._abandoned == self._turn
-
-    def take(self, timeout: float) -> bool:
-        if self.stuck:
-            timeout = 0.0
-        if self._lock.acquire(timeout=max(timeout, 0.0)):
-            self._turn += 1
-            return True
-        self._abandoned = self._turn
-        return False
-
-    def release(self) -> None:
-        self._lock.release()
 
 
 class Pipeline:
@@ -90,21 +58,8 @@ class Pipeline:
         self._fold: Any = None  # native/fold.cpp's fold(...), with its store (use_native)
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         self.traced = True  # False on a rank trace_ranks leaves out (stop_tracing)
-        # Sampled spans wait for export already encoded, one deque per wire format the sinks want
-        # (bytes and str are not tracked by the garbage collector; SpanData objects would be). Until the
-        # sinks are known (before init_process_group) they wait as SpanData in ``pending``.
-        self.pending: deque[SpanData] = deque()
-        self.encoded: dict[str, deque] = {}
-        self._queues: list[deque] = []  # encoded's values, for queued_spans (per span: no generator)
-        # The export package's sinks (export/sinks.py: span_format, export_span_fragments, export_metrics, flush,
-        # shutdown) and the encoder of each span format they take: the drain knows no wire format.
-        self.span_sinks: list[Any] = []
-        self.metric_sinks: list[Any] = []
-        self.encoders: Mapping[str, Callable[[SpanData], Any]] = {}
-        self.resource: dict[str, Any] | None = None
         self.base_labels: dict[str, str] = {}
         self.metric_sources: list[Any] = []  # callables returning list[MetricData] (components)
-        self.metric_interval = cfg.metric_export_interval
         self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
         self.meter: Any = None  # export.otel_metrics.MeterBridge: every duration also to a MeterProvider
         self.framework = FrameworkMetrics(self.bounds)
@@ -118,35 +73,18 @@ class Pipeline:
         self._opened = 0  # step stats opened so far (StepStats.opened)
         self.closed_opened = 0  # the latest StepStats.opened of a closed step
         self.step_tracker: Any = None  # the StepTracker whose steps' closes this drain runs (steps.py)
-        self.start_ns = time_ns()
         self.offset_ns = time_ns() - perf_counter_ns()
         self.processed = 0
         self._stop = threading.Event()
-        self._wake = threading.Event()
         self._drain_lock = threading.Lock()
-        self._span_lock = ExportLock()
-        self._metric_lock = ExportLock()
-        self._in_flight = 0  # spans inside the export call now running; None once stop() counted them
-        self._in_flight_lock = threading.Lock()
-        self._threads: list[threading.Thread] = []
-        self._exporter: threading.Thread | None = None
-        self._metrics_wake = threading.Event()
-        self._room_until: float | None = None  # when this drain stops waiting for room in the span queue (_room)
-        self._last_metrics = time.monotonic()
-        self._last_spans = time.monotonic()
-        self._urgent = self._urgent_metrics = False
+        self._thread: threading.Thread | None = None
+        self.outbox = Outbox(cfg, self._drain_lock, self.metric_data)
 
     # ------------------------------------------------------------------------------------ lifecycle
     def start(self) -> None:
-        for name, target in (
-            ("otel-torchdist-drain", self._drain_loop),
-            ("otel-torchdist-metrics", self._metrics_loop),
-            ("otel-torchdist-export", self._export_loop),
-        ):
-            t = threading.Thread(target=target, name=name, daemon=True)
-            t.start()
-            self._threads.append(t)
-        self._exporter = self._threads[-1]
+        self._thread = threading.Thread(target=self._drain_loop, name="otel-torchdist-drain", daemon=True)
+        self._thread.start()
+        self.outbox.start()
 
     def set_destination(
         self,
@@ -159,70 +97,20 @@ class Pipeline:
         """Where telemetry goes from now on; ``encoders``: span format -> encoder (export.otlp.SPAN_ENCODERS,
         which the native part may update in place)."""
         with self._drain_lock:
-            self.encoders = encoders
-            self.resource = resource
             self.base_labels = base_labels
-            self.span_sinks = span_sinks
-            self.metric_sinks = metric_sinks
-            self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
-            self._queues = list(self.encoded.values())
-            # Spans are far below the default limits (128 attributes, no value limit): checked only when set.
-            if self.cfg.attribute_value_length_limit is not None or self.cfg.attribute_count_limit < SPAN_ATTRIBUTES_MAX:
-                self._enqueue = self._enqueue_limited
-            while self.pending:
-                self._enqueue(self.pending.popleft())
-        self._wake.set()
-
-    def queued_spans(self) -> int:
-        queues = self._queues
-        if queues:
-            return len(queues[0]) if len(queues) == 1 else min(map(len, queues))
-        return len(self.pending) if self.resource is None else 0
-
-    def _enqueue(self, span: SpanData) -> None:
-        if self.resource is None:
-            self.pending.append(span)
-            return
-        for fmt, queue in self.encoded.items():
-            queue.append(self.encoders[fmt](span))
-
-    def _enqueue_limited(self, span: SpanData) -> None:
-        """_enqueue, the span limits applied first for the library's own encoders (a provider applies its own)."""
-        if self.resource is None:
-            self.pending.append(span)
-            return
-        cut = None
-        for fmt, queue in self.encoded.items():
-            if fmt != "data" and cut is None:
-                cut = limited(span, self.cfg.attribute_value_length_limit, self.cfg.attribute_count_limit)
-            queue.append(self.encoders[fmt](span if fmt == "data" else cut))
-
-    def _clear_spans(self) -> int:
-        count = self.queued_spans()
-        self.pending.clear()
-        for queue in self.encoded.values():
-            queue.clear()
-        return count
+            self.outbox.set_destination(resource, span_sinks, metric_sinks, encoders)
+        self.outbox.wake.set()
 
     def stop(self, timeout: float) -> bool:
         """Stop the threads and flush what is left, within ``timeout`` seconds. True if all was sent."""
         deadline = time.monotonic() + timeout
         self._stop.set()
-        self._wake.set()
-        self._metrics_wake.set()
-        stuck = {"otel-torchdist-export": self._span_lock.stuck, "otel-torchdist-metrics": self._metric_lock.stuck}
-        for t in self._threads:
-            t.join(0.0 if stuck.get(t.name) else max(0.0, min(1.0, deadline - time.monotonic())))
-        self._threads.clear()
+        self.outbox.stop_threads(deadline)
+        if self._thread is not None:
+            self._thread.join(max(0.0, min(1.0, deadline - time.monotonic())))
+            self._thread = None
         ok = self.flush(max(0.0, deadline - time.monotonic()), force=True)
-        left = self._clear_spans()
-        with self._in_flight_lock:
-            left += self._in_flight or 0  # an export call still stuck: its spans are lost with the process
-            self._in_flight = None
-        if left:
-            health.dropped("span", left)  # out of time: what is left is lost, and counted
-        for sink in {id(s): s for s in self.span_sinks + self.metric_sinks}.values():
-            sink.shutdown()
+        self.outbox.finish()
         return ok
 
     # ---------------------------------------------------------------------------------------- drain
@@ -240,7 +128,7 @@ class Pipeline:
         deferred = record.DEFERRED
         count = 0
         with self._drain_lock:
-            self._room_until = None
+            self.outbox.room_until = None
             # The wall clock, from the monotonic one: kept unless the wall clock stepped (NTP, by more than
             # OFFSET_STEP_NS), since a fresh reading each drain moved it by a few hundred ns, and spans that
             # touch (one step ends as the next begins) came out overlapping.
@@ -271,8 +159,8 @@ class Pipeline:
                 if not q and not deferred:
                     break
         self.processed += count
-        if self.queued_spans() >= self.cfg.span_batch_size:
-            self._wake.set()
+        if self.outbox.queued_spans() >= self.cfg.span_batch_size:
+            self.outbox.wake.set()
         return count
 
     def use_native(self, mod: Any) -> None:
@@ -367,7 +255,8 @@ class Pipeline:
             stats.nbytes += nbytes
         exemplar = None
         if sampled and (stats is None or self.admit(stats, step, None, parent_span_id)):
-            if (queued := self.queued_spans()) < self.cfg.span_queue_size or self._room():
+            outbox = self.outbox
+            if (queued := outbox.queued_spans()) < self.cfg.span_queue_size or outbox.room():
                 outlived = None
                 if fw is not None and parent_span_id == fw[4] and step is not None and trace_id == step[1]:
                     # An async collective the framework call issued and left in flight (DTensor's redistribute
@@ -387,10 +276,10 @@ class Pipeline:
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 if outlived is not None:
                     span.links = ((trace_id, outlived, ()),)
-                self._enqueue(span)
+                outbox.enqueue(span)
                 exemplar = (span.end_ns, trace_id, span.span_id)
                 if queued + 1 == self.cfg.span_batch_size:
-                    self._wake.set()  # a full batch: let the exporter send it while we go on draining
+                    outbox.wake.set()  # a full batch: let the exporter send it while we go on draining
             else:
                 health.dropped("span")
         self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, rec[_ERROR] is not None, exemplar)
@@ -470,109 +359,6 @@ class Pipeline:
             return step[3]
         return self.sampler.decide(trace_id, None)
 
-    def export_soon(self) -> None:
-        """Send spans and metrics now rather than at their intervals (a hang was found)."""
-        self._urgent = self._urgent_metrics = True
-        self._wake.set()
-        self._metrics_wake.set()
-
-    def _room(self) -> bool:
-        """Room in the full span queue, after a moment for the export thread to take a batch from it. It
-        only waits for this thread to let go of the interpreter: dropping at once lost spans it had the
-        capacity to send (at 100 % tracing and 20 000 collectives a second, over half of them). Bounded so
-        that spans never cost the metrics: ROOM_WAIT_S in all per drain, and no wait once the record queue
-        is half full (records dropped there would be missing from the metrics). Past that, or with no
-        exporter to wait for (not started, stopped, no destination yet), spans are dropped and counted."""
-        exporter = self._exporter
-        if exporter is None or self.resource is None or self._stop.is_set() or not exporter.is_alive():
-            return False
-        now = time.monotonic()
-        until = self._room_until
-        if until is None:
-            until = self._room_until = now + ROOM_WAIT_S
-        limit = self.cfg.span_queue_size
-        self._wake.set()
-        while now < until and len(record.QUEUE) < record._limit[0] // 2:
-            time.sleep(0.001)
-            if self.queued_spans() < limit:
-                return True
-            now = time.monotonic()
-        self._room_until = now  # spent: no more waiting in this drain
-        return False
-
-    def add_span(self, span: SpanData) -> None:
-        """Queue a span built on the drain thread (deferred work), within the span queue's bound."""
-        if self.queued_spans() < self.cfg.span_queue_size or self._room():
-            self._enqueue(span)
-        else:
-            health.dropped("span")
-
-    # --------------------------------------------------------------------------------------- export
-    def _export_loop(self) -> None:
-        cfg = self.cfg
-        while not self._stop.is_set():
-            self._wake.wait(min(cfg.span_schedule_delay, 1.0))
-            self._wake.clear()
-            if self._stop.is_set() or self.resource is None:
-                continue
-            now = time.monotonic()
-            urgent, self._urgent = self._urgent, False
-            try:
-                queued = self.queued_spans()
-                if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
-                    self._last_spans = now
-                    self.export_spans(now + cfg.for_signal("timeout", "traces") * 2)
-            except Exception as exc:
-                health.error("pipeline", "the export thread hit an error", exc)
-
-    def _metrics_loop(self) -> None:
-        while not self._stop.is_set():
-            self._metrics_wake.wait(min(self.metric_interval, 1.0))
-            self._metrics_wake.clear()
-            if self._stop.is_set() or self.resource is None:
-                continue
-            now = time.monotonic()
-            urgent, self._urgent_metrics = self._urgent_metrics, False
-            try:
-                if urgent or now - self._last_metrics >= self.metric_interval:
-                    self._last_metrics = now
-                    self.export_metrics(self.cfg.for_signal("timeout", "metrics"))
-            except Exception as exc:
-                health.error("pipeline", "the metrics thread hit an error", exc)
-
-    def export_spans(self, deadline: float) -> bool:
-        """Send queued spans in batches until the queue is empty or ``deadline`` (monotonic) passes."""
-        ok = True
-        # Bounded: the export thread may hold the lock, stuck on a slow backend for its own timeout.
-        if not self._span_lock.take(deadline - time.monotonic()):
-            return False
-        try:
-            while self.resource is not None and self.encoded:
-                count = min(self.queued_spans(), self.cfg.span_batch_size)
-                if count == 0:
-                    break
-                remaining = deadline - time.monotonic()
-                if remaining <= 0:
-                    return False
-                batch = {fmt: [queue.popleft() for _ in range(count)] for fmt, queue in self.encoded.items()}
-                for sink in self.span_sinks:
-                    with self._in_flight_lock:
-                        if self._in_flight is None:  # stopped: counted there
-                            return False
-                        self._in_flight = count
-                    sent = sink.export_span_fragments(self.resource, batch[sink.span_format], timeout=remaining)
-                    with self._in_flight_lock:
-                        counted = self._in_flight is None
-                        if not counted:
-                            self._in_flight = 0
-                    if not sent and not counted:
-                        health.dropped("span", count)
-                        health.dropped("span_batch")
-                    ok = ok and sent
-        finally:
-            self._span_lock.release()
-        return ok
-
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
         data = collective_metrics(self.store.snapshot(), labels, self.bounds) + self.framework.metric_data(labels)
@@ -593,44 +379,18 @@ class Pipeline:
                 return []
         return data
 
-    def emit_span(self, span: SpanData) -> None:
-        """Queue a span built outside the record path (warnings, sharding steps...); bounded like the rest."""
-        with self._drain_lock:
-            if self.queued_spans() < self.cfg.span_queue_size:
-                self._enqueue(span)
-            else:
-                health.dropped("span")
-
-    def export_metrics(self, timeout: float) -> bool:
-        if self.resource is None or not self.metric_sinks:
-            return True
-        ok = True
-        deadline = time.monotonic() + timeout
-        if not self._metric_lock.take(timeout):
-            return False
-        try:
-            data = self.metric_data()
-            now = time_ns()
-            for sink in self.metric_sinks:
-                remaining = deadline - time.monotonic()
-                if remaining <= 0 or not sink.export_metrics(self.resource, data, self.start_ns, now, timeout=remaining):
-                    health.dropped("metric_batch")
-                    ok = False
-        finally:
-            self._metric_lock.release()
-        return ok
-
     def flush(self, timeout: float, force: bool = False) -> bool:
         """Drain, then send every queued span and a metric snapshot, within ``timeout`` seconds."""
         deadline = time.monotonic() + timeout
         self.drain(force)
-        ok = self.export_spans(deadline)
+        outbox = self.outbox
+        ok = outbox.export_spans(deadline)
         remaining = deadline - time.monotonic()
         if remaining > 0:
-            ok = self.export_metrics(remaining) and ok
+            ok = outbox.export_metrics(remaining) and ok
         else:
             ok = False
         # What went to an application's providers: their processors and readers hold it until they export.
-        for part in [s for s in self.span_sinks if s.span_format == "data"] + ([self.meter] if self.meter else []):
+        for part in [s for s in outbox.span_sinks if s.span_format == "data"] + ([self.meter] if self.meter else []):
             ok = part.flush(deadline - time.monotonic()) and ok
         return ok

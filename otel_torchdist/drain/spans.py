@@ -42,13 +42,6 @@ def _rank_of(gi: Any, pair: tuple[Any, Any] | None) -> int | None:
     return None
 
 
-def duration_seconds(rec: tuple) -> float:
-    gpu = rec[R.GPU_NS]
-    if gpu is not None:
-        return gpu / 1e9
-    return max(rec[R.T_END] - rec[R.T_START], 0) / 1e9
-
-
 def group_attributes(gi: Any) -> tuple[tuple[str, Any], ...]:
     """The span attributes every collective of one group shares (built once per group)."""
     if not gi.span_attrs:

@@ -47,13 +47,13 @@ class StepRoots:
         """A traced step closed on this rank (drain thread): its times, and on rank 0 its root span to emit."""
         if self._stopping.is_set() and not self._thread.is_alive():
             if root is not None:
-                self.pipeline.add_span(root)  # too late to hear from the others: as rank 0 saw it
+                self.pipeline.outbox.add_span(root)  # too late to hear from the others: as rank 0 saw it
             return
         try:
             self._queue.put_nowait((shared_trace, start, end, root))
         except queue.Full:
             if root is not None:
-                self.pipeline.add_span(root)
+                self.pipeline.outbox.add_span(root)
             else:
                 health.dropped("step_times")
 
@@ -102,7 +102,7 @@ class StepRoots:
             timed += len(times)
         root.start_ns, root.end_ns = start, end
         root.attributes.append((n.STEP_RANKS_TIMED, timed))
-        self.pipeline.add_span(root)
+        self.pipeline.outbox.add_span(root)
 
     def _gather(self, client: Any, trace: int) -> list[tuple[int, int]]:
         """The other ranks' (start, end) of the step: waits until all are in, or up to WAIT (less at stop)."""

@@ -163,8 +163,8 @@ class Watchdog:
         span.events.append((n.HANG_EVENT, now + off, [(n.COLL_SEQ, seq), (n.HANG_WAITED, age)]))
         if missing:
             span.events.append((n.HANG_MISSING_EVENT, now + off, [ranks, (n.HANG_MISSING_DETAIL, tuple(m.detail for m in missing))]))
-        pipeline.emit_span(span)
-        pipeline.export_soon()
+        pipeline.outbox.emit_span(span)
+        pipeline.outbox.export_soon()
         rank = self.rt.identity.rank if self.rt.identity is not None else 0
         callbacks.fire("hang", callbacks.HangEvent(rank, rec[R.OP], gi.label, seq, age, ranks[1], tuple(m.detail for m in missing or ())))
 

@@ -215,7 +215,7 @@ class SystemTelemetry(Component):
             attributes=attrs,
             events=[(n.WARNING_EVENT, end_ns, list(attrs))],
         )
-        self.rt.pipeline.emit_span(span)
+        self.rt.pipeline.outbox.emit_span(span)
         _log.warning("otel-torchdist: %s", w.message)
 
     # -------------------------------------------------------------------------------- description
