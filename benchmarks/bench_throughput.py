@@ -28,7 +28,10 @@ import time
 import psutil
 import torch
 import torch.distributed as dist
+
 from torch.testing._internal.distributed.fake_pg import FakeStore
+
+from otel_torchdist.names import span_base_name
 
 STEP = 200  # collectives per training step
 
@@ -42,7 +45,7 @@ def _count_spans(folder: str) -> tuple[int, int]:
                 doc = json.loads(line)
                 for rs in doc["resourceSpans"]:
                     for ss in rs["scopeSpans"]:
-                        collectives += sum(1 for s in ss["spans"] if s["name"] == "all_reduce")
+                        collectives += sum(1 for s in ss["spans"] if span_base_name(s["name"]) == "all_reduce")  # "all_reduce rank=0"
                         total += len(ss["spans"])
     return collectives, total
 
