@@ -161,7 +161,7 @@ def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fak
 
 def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(mod, fake_pg, instrumented):
     from otel_torchdist import health
-    from otel_torchdist.steps import StepStats
+    from otel_torchdist.drain.step_stats import StepStats
 
     records, pipeline = _untraced_step(mod, instrumented, 5)
     stats = pipeline.step_stats[records[0][R.STEPCTX][0]] = StepStats()

@@ -11,7 +11,8 @@ from collections import defaultdict
 import pytest
 
 from otel_torchdist import names as n
-from otel_torchdist.steps import _Recent, step_ids, union_seconds
+from otel_torchdist.drain.step_stats import union_seconds
+from otel_torchdist.steps import _Recent, step_ids
 
 from .harness import last_metrics, read_spans, run_ranks, trace_layout_problems
 
@@ -77,7 +78,7 @@ def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exa
     import otel_torchdist
     from otel_torchdist import runtime
     from otel_torchdist.capture import record as R
-    from otel_torchdist.steps import Intervals
+    from otel_torchdist.drain.step_stats import Intervals
 
     instrumented(drain_interval=3600.0, max_queued_records=4096, traces_sampler="always_off")
     pipeline = runtime.current().pipeline

@@ -33,7 +33,8 @@ from ..ids import new_trace_id
 from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
 from .outbox import Outbox
 from .spans import collective_span
-from ..steps import Intervals, StepStats
+from . import step_close  # noqa: F401  registers the close that steps.py defers to
+from .step_stats import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
 _BY_ID = groups.BY_ID
