@@ -8,12 +8,12 @@ from __future__ import annotations
 
 import random
 
-_rand = random.Random()
+getrandbits = random.Random().getrandbits  # the drain's span encoder calls it inline, for the call it saves
 
 
 def new_trace_id() -> int:
-    return _rand.getrandbits(128) or 1
+    return getrandbits(128) or 1
 
 
 def new_span_id() -> int:
-    return _rand.getrandbits(64) or 1
+    return getrandbits(64) or 1

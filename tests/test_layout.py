@@ -17,7 +17,7 @@ EXCEPTIONS = {
 def _imports(path: pathlib.Path) -> set[str]:
     """Absolute names of the modules ``path`` imports (relative imports resolved)."""
     rel = path.relative_to(PKG.parent).with_suffix("")
-    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    package = list(rel.parts[:-1])  # a module's package; for an __init__, the package itself
     names = set()
     for node in ast.walk(ast.parse(path.read_text())):
         if isinstance(node, ast.Import):

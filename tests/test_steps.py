@@ -515,7 +515,7 @@ def test_a_step_left_open_is_forgotten_once_later_steps_closed():
 
     pipeline = Pipeline(Config())
     left_open = pipeline.open_step_stats(1)
-    pipeline.closed_opened = pipeline.open_step_stats(5).opened  # as _close_step notes step 5's close
+    pipeline.closed_opened = pipeline.open_step_stats(5).opened  # as step_close.close_step notes step 5's close
     del pipeline.step_stats[5]
     for i in range(10, 10 + STEPS_OPEN):
         pipeline.open_step_stats(i)

@@ -16,7 +16,6 @@ from . import record as R
 from .caller import get_current as _get_current
 from .caller import span_context
 
-
 BUILD = R.reserve("framework_span")  # drain/framework_spans.py's build
 
 

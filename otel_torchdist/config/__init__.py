@@ -482,7 +482,6 @@ class Config:
         return push + (("prometheus",) if self.prometheus else ())
 
 
-
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
 _DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Config)}
 

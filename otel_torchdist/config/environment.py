@@ -44,7 +44,6 @@ def warn_unknown_variables(env: Mapping[str, str]) -> None:
     )
 
 
-
 def shared(var: str) -> bool:
     """A standard variable, which every OpenTelemetry component of the process reads (not ours alone)."""
     return not var.startswith(PREFIX)
@@ -80,7 +79,6 @@ def installed_exporter(group: str, name: str) -> bool:
         return any(True for _ in entry_points(group=group, name=name))
     except Exception:
         return False
-
 
 
 def _parse_kv(raw: str, var: str | None = None) -> dict[str, str]:

@@ -49,7 +49,6 @@ class OptionError(ValueError):
         self.reason = reason
 
 
-
 def choice(name: str, value: Any, choices: tuple[str, ...]) -> None:
     if value not in choices:
         raise OptionError(name, f"must be one of {', '.join(choices)}, got {value!r}")

@@ -23,17 +23,17 @@ from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..capture import ddp_native, groups, record
-from ..capture.caller import span_context
 from ..capture import record as R
+from ..capture.caller import span_context
 from ..config import Config
-from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
-from ..telemetry import MetricData, SpanData
-from .sampling import Sampler
 from ..ids import new_trace_id
+from ..telemetry import MetricData, SpanData
 from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
-from .outbox import Outbox
-from .spans import collective_span
 from . import step_close  # noqa: F401  registers the close that steps.py defers to
+from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
+from .outbox import Outbox
+from .sampling import Sampler
+from .spans import collective_span
 from .step_stats import Intervals, StepStats
 
 _log = logging.getLogger("otel_torchdist")
@@ -64,11 +64,11 @@ class Pipeline:
         self.node_merge: Any = None  # list[MetricData] -> list[MetricData], on a node's exporting rank
         self.meter: Any = None  # export.otel_metrics.MeterBridge: every duration also to a MeterProvider
         self.framework = FrameworkMetrics(self.bounds)
-        self.step_stats: dict[int, StepStats] = {}  # until steps.py closes the step
+        self.step_stats: dict[int, StepStats] = {}  # until step_close.py closes the step
         self.last_closed_step = 0
         # Framework spans that collectives point at (an optimizer step, a redistribution) and their children
         # that end after them: when each built one ended (span id -> end, epoch ns), and how late the
-        # children of one not built yet ended (emit.build stretches it over them).
+        # children of one not built yet ended (framework_spans.build stretches it over them).
         self.framework_ends: dict[int, int] = {}
         self.children_ends: dict[int, int] = {}
         self._opened = 0  # step stats opened so far (StepStats.opened)

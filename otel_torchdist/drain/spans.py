@@ -6,9 +6,10 @@ from typing import Any
 
 from .. import bandwidth as bw
 from .. import names as n
-from ..ids import _rand
 from ..capture import record as R
+from ..ids import getrandbits
 from ..telemetry import Block, SpanData
+
 
 def dtype_name(dtype: Any) -> str | None:
     if dtype is None:
@@ -195,7 +196,7 @@ def collective_span(
     span = SpanData(  # positional: SpanData's field order (a keyword call costs more, once per traced collective)
         rec[_OP],
         trace_id,
-        _rand.getrandbits(64) or 1,  # new_span_id()
+        getrandbits(64) or 1,  # new_span_id()
         parent_span_id,
         start,
         end if end > start else start,

@@ -124,8 +124,6 @@ def _user_metrics(fw: Any, user: dict, duration: float) -> None:
             fw.set(n.TRAIN_TOKEN_RATE, (), user["tokens"] / duration)
 
 
-
-
 def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes) -> None:
     index, t0, t1, user = info["index"], info["t_start"], info["t_end"], info["user"]
     off = pipeline.offset_ns

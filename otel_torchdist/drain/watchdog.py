@@ -29,8 +29,8 @@ from .. import callbacks, health
 from .. import names as n
 from ..capture import completion, ddp_native, funcol, groups
 from ..capture import record as R
-from ..telemetry import MetricData, NumberPoint, SpanData
 from ..ids import new_span_id, new_trace_id
+from ..telemetry import MetricData, NumberPoint, SpanData
 
 _log = logging.getLogger("otel_torchdist")
 
