@@ -162,6 +162,7 @@ class Runtime:
         import torch.distributed as dist
 
         if dist.is_available() and dist.is_initialized():
+            c10d.meet(None)
             self.on_process_group()
         ddp_native.activate(self.cfg.native, self.cfg.max_queued_records)
         native_hot.activate(ddp_native.module())

@@ -185,3 +185,56 @@ def test_reports_of_works_never_recorded_do_not_pile_up(group):
     for _ in range(1000):
         pg.finish(pg.issue())  # issued around the wrappers (a C++ caller)
     assert len(gi.early) <= 64
+
+
+# ------------------------------------------------------------------- meeting a group before its first work
+@pytest.fixture
+def attach_seen():
+    """What a completion attacher sees when the library first meets each group: (group, collectives it had
+    already issued). The NCCL hook can only be added at 0 (a real gloo group stands in: its sequence numbers
+    count the same way, and so do the C++ collectives DDP's constructor issues past every Python wrapper)."""
+    seen: list = []
+
+    def attacher(gi):
+        seen.append((gi.pg, gi.last_started()))
+
+    groups.register_completion_attacher(attacher)
+    yield seen
+    groups._completion_attachers.remove(attacher)
+
+
+def test_a_group_is_met_when_it_is_created_before_any_collective(instrumented, attach_seen):
+    import torch.distributed as dist
+
+    instrumented()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        assert attach_seen == [(dist.group.WORLD, 0)]
+        sub = dist.new_group([0])
+        assert attach_seen[-1] == (sub, 0)
+    finally:
+        dist.destroy_process_group()
+
+
+def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, attach_seen):
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    instrumented()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        # a group no wrapper saw made (DeviceMesh binds new_group and split_group at its import)
+        sub = c10d.new_group.__wrapped__([0])
+        assert all(pg is not sub for pg, _ in attach_seen)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), process_group=sub)
+        assert (sub, 0) in attach_seen
+        assert sub._get_sequence_number_for_group() > 0  # the constructor did issue its C++ collectives
+        del model
+    finally:
+        dist.destroy_process_group()
+
+
+def test_instrument_after_the_group_exists_meets_it_at_once(gloo_alone, instrumented, attach_seen):
+    instrumented()
+    assert attach_seen == [(gloo_alone, 0)]

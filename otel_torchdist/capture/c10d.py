@@ -486,10 +486,20 @@ _on_init: list[Callable[[], None]] = []
 _on_destroy: list[Callable[[Any], None]] = []
 
 
+def meet(pg: Any) -> None:
+    """Register a group the moment it exists: the NCCL completion hook can only be added before the group's
+    first collective, and some come from C++ no wrapper sees (DDP's constructor broadcasts the model)."""
+    try:
+        groups.info(pg)
+    except Exception as exc:
+        health.error("capture", "could not register a new process group", exc)
+
+
 def _wrap_init(orig: Callable) -> Callable:
     @functools.wraps(orig)
     def init_process_group(*args, **kwargs):
         result = orig(*args, **kwargs)
+        meet(None)
         for fn in _on_init:
             try:
                 fn()
@@ -498,6 +508,16 @@ def _wrap_init(orig: Callable) -> Callable:
         return result
 
     return init_process_group
+
+
+def _wrap_new_group(orig: Callable) -> Callable:
+    @functools.wraps(orig)
+    def new_group(*args, **kwargs):
+        pg = orig(*args, **kwargs)
+        meet(pg)
+        return pg
+
+    return new_group
 
 
 def _wrap_destroy(orig: Callable) -> Callable:
@@ -534,6 +554,7 @@ def patches() -> list[Patch]:
             table.append(Patch(ns, spec.name, _function_patch(spec)))
         table.append(Patch(ns, "_coalescing_manager", wrap_coalescing_manager))
         table.append(Patch(ns, "init_process_group", _wrap_init))
+        table.append(Patch(ns, "new_group", _wrap_new_group))
         table.append(Patch(ns, "destroy_process_group", _wrap_destroy))
     pg = c10d.ProcessGroup
     table += [

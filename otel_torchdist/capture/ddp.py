@@ -383,6 +383,8 @@ def _wrap_init(orig):
         model = args[0] if args else kwargs.get("module")
         # The parameter and buffer broadcast from rank 0 that DDP starts with belongs to the model too.
         token = context.push(framework="ddp", module=context.class_name(model)) if model is not None else R.TLS.ctx
+        # before DDP's own C++ broadcast, so an NCCL group can still take its completion hook
+        c10d_capture.meet(kwargs.get("process_group", args[6] if len(args) > 6 else None))
         try:
             orig(self, *args, **kwargs)
         finally:
