@@ -60,3 +60,22 @@ def test_the_checker_sees_relative_imports():
     assert "otel_torchdist.ids" in _imports(PKG / "capture" / "framework_spans.py")
     assert _violations("capture", ("opentelemetry",)) == []  # the exception is honoured...
     assert _violations("drain", ("otel_torchdist.capture",)) != []  # ...and a real import is seen
+
+
+def _drain_work_in(folder: str) -> list[str]:
+    """Functions under ``folder`` that take the pipeline: drain work (metric updates, span building)."""
+    found = []
+    for path in sorted((PKG / folder).rglob("*.py")):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                args = node.args
+                if any(a.arg == "pipeline" for a in args.posonlyargs + args.args + args.kwonlyargs):
+                    found.append(f"{path.relative_to(PKG)}:{node.lineno}")
+    return found
+
+
+def test_capture_holds_no_drain_work():
+    """The training thread hands the drain data (records, deferred entries, metric updates), never
+    functions of the drain's state: those live in drain/ and are found there by a reserved name."""
+    assert _drain_work_in("capture") == []
+    assert _drain_work_in("drain") != []  # the reader sees drain work where it is

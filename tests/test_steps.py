@@ -349,9 +349,9 @@ def test_queued_work_of_a_training_step_is_untracked_by_the_collector(gloo_alone
     assert len(buckets) >= 10 and len(R.DEFERRED) >= 5, (len(buckets), len(R.DEFERRED))
     # One entry per step: the optimizer step, carrying the close of the training step it ends.
     from otel_torchdist import steps
-    from otel_torchdist.capture import optim
+    from otel_torchdist.drain import optimizer
 
-    entries = [e for e in R.DEFERRED if R.DRAINED[e[0]] is optim._finished]
+    entries = [e for e in R.DEFERRED if R.DRAINED[e[0]] is optimizer.finished]
     closing = [e for e in entries if any(type(x) is tuple and x[:1] == (steps._CLOSE_STEP,) for x in e)]
     assert len(entries) == len(closing) == 5, entries
     held = [entry for entry in queued if not untrackable(entry)]

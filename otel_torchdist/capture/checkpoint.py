@@ -88,10 +88,7 @@ def _wrap(op: str, span_name: str, is_async: bool):
                 t_end = perf_counter_ns()
                 seconds = (t_end - t_start) / 1e9
 
-                def metrics(pipeline) -> None:
-                    pipeline.framework.observe(n.CHECKPOINT_DURATION, (op,), seconds)
-                    pipeline.framework.add(n.CHECKPOINT_BYTES, (op,), nbytes)
-
+                metrics = ((R.OBSERVE, n.CHECKPOINT_DURATION, (op,), seconds), (R.ADD, n.CHECKPOINT_BYTES, (op,), nbytes))
                 err = None
                 if error is not None:
                     etype, message = R.error_info(error)

@@ -345,12 +345,14 @@ def record_model(
         attrs += [(n.MODEL_PARAMS, total), (n.MODEL_TRAINABLE, trainable), (n.MODEL_PARAM_BYTES, nbytes)]
     attrs += extra
 
-    def set_gauges(pipeline) -> None:
-        pipeline.framework.set(n.MODEL_PARAMETERS, (model, "total"), total)
-        pipeline.framework.set(n.MODEL_PARAMETERS, (model, "trainable"), trainable)
-        pipeline.framework.set(n.MODEL_PARAMETER_BYTES, (model,), nbytes)
-
-    framework_spans.span_later(span_name, t_start, t_end, attrs, framework_spans.snapshot(), then=set_gauges if gauges else None)
+    then = ()
+    if gauges:
+        then = (
+            (R.SET, n.MODEL_PARAMETERS, (model, "total"), total),
+            (R.SET, n.MODEL_PARAMETERS, (model, "trainable"), trainable),
+            (R.SET, n.MODEL_PARAMETER_BYTES, (model,), nbytes),
+        )
+    framework_spans.span_later(span_name, t_start, t_end, attrs, framework_spans.snapshot(), then=then)
 
 
 def _capture_buckets(ddp: Any) -> None:
@@ -568,13 +570,7 @@ def _read_logging_data(ddp: Any) -> None:
     if isinstance(sizes, str) and sizes:
         values.append((n.DDP_BUCKETS, len(sizes.split(","))))
 
-    def gauges(pipeline) -> None:
-        for metric, value in values:
-            pipeline.framework.set(metric, (model,), value)
-
-    from . import record
-
-    record.defer(gauges)
+    R.update_metrics(*((R.SET, metric, (model,), value) for metric, value in values))
     if (
         data.get("find_unused_parameters")
         and data.get("iteration", 0) >= WASTE_CHECK_AFTER

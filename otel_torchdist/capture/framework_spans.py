@@ -52,8 +52,8 @@ def span_later(
     opened: tuple[int, int, int | None] | None = None,
     error: str | None = None,
     events: list | None = None,
-    then: Any = None,
+    then: tuple = (),
 ) -> None:
-    """Queue a span from ``t_start`` to ``t_end`` (perf_counter_ns). ``then(pipeline)`` runs first, on the
-    drain thread (metric updates)."""
+    """Queue a span from ``t_start`` to ``t_end`` (perf_counter_ns). ``then``: metric updates the drain
+    applies first, sampled or not (see record.update_metrics)."""
     R.queue((BUILD, name, t_start, t_end, attributes, snap, opened, error, events, then))

@@ -19,7 +19,7 @@ from typing import Any
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import context, ddp, framework_spans
+from . import context, ddp
 from . import record as R
 
 _MAX_SHAPES = 64

@@ -17,9 +17,7 @@ import weakref
 from time import perf_counter_ns
 from typing import Any
 
-
 from .. import health
-from .. import names as n
 from . import context, framework_spans
 from . import record as R
 from .caller import get_current as _get_current
@@ -31,6 +29,7 @@ _handles: list[Any] = []
 # the optimizer step ends, which goes to the drain inside the optimizer step's own entry: one queued
 # tuple per training step instead of two.
 closer: list[Any] = [None]
+_FINISHED = R.reserve("optimizer_step")  # drain/optimizer.py's finished
 _getframe = sys._getframe
 _graph_task_id = R._graph_task_id
 
@@ -195,8 +194,8 @@ def _post(optimizer, args, kwargs) -> None:
         on_step = closer[0]
         close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward, optimizer)
         # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
-        R.defer(
-            _finished,
+        R.queue((
+            _FINISHED,
             type(optimizer).__name__,
             st.inner,
             count,
@@ -213,7 +212,7 @@ def _post(optimizer, args, kwargs) -> None:
             st.parent,
             close,
             *(() if st.trace is None else _hyper(groups)),  # span attributes: traced steps only
-        )
+        ))
         st.frame = st.optimizer = st.user = st.step = None
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)
@@ -235,62 +234,5 @@ def _now(value: Any) -> Any:
     read on the drain thread, since reading it here would wait for the device."""
     device = getattr(value, "device", None)
     if device is not None and device.type == "cpu":
-        return _number(value)
+        return float(value)
     return value
-
-
-_durations: dict[str, tuple] = {}  # optimizer class -> (FrameworkMetrics, its bound duration histogram)
-
-
-@R.drained
-def _finished(
-    pipeline, cls, inner, count, in_backward, ngroups, nparams, t_start, t_end, user, fw, step, trace, span, parent,
-    close, *hyper
-) -> None:
-    try:
-        fw = pipeline.framework
-        bound = _durations.get(cls)
-        if bound is None or bound[0] is not fw:
-            bound = _durations[cls] = (fw, fw.histogram(n.OPTIMIZER_STEP_DURATION, (cls,)))
-        with fw.lock:
-            bound[1].observe((t_end - t_start) / 1e9)
-        if trace is not None:  # None: a step of an untraced training step (see _pre)
-            attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
-            snap, opened = (user, fw, step), (trace, span, parent)
-            R.run(pipeline, (framework_spans.BUILD, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None))
-    finally:
-        if close is not None:  # the training step this optimizer step closed
-            R.run(pipeline, close)
-
-
-def describe(
-    cls: str, inner: str | None, step_index: int, in_backward: bool, ngroups: int, nparams: int, hyper: tuple
-) -> list[tuple[str, Any]]:
-    attrs: list[tuple[str, Any]] = [
-        (n.OPT_CLASS, cls),
-        (n.OPT_PARAM_GROUPS, ngroups),
-        (n.OPT_PARAMS, nparams),
-        (n.OPT_STEP, step_index),
-        (n.OPT_IN_BACKWARD, in_backward),
-    ]
-    if inner:
-        attrs.append((n.OPT_INNER_CLASS, inner))
-    lrs = [_number(v) for v in hyper[0::3]]
-    if lrs and all(v is not None for v in lrs):
-        attrs.append((n.OPT_LR, tuple(lrs)))
-    momenta = [_number(v) for v in hyper[1::3]]
-    if momenta and all(v is not None for v in momenta):
-        attrs.append((n.OPT_MOMENTUM, tuple(momenta)))
-    betas = hyper[2::3]
-    if betas and all(b is not None for b in betas):
-        attrs.append((n.OPT_BETAS, tuple(",".join(str(_number(b)) for b in pair) for pair in betas)))
-    return attrs
-
-
-def _number(value: Any) -> float | None:
-    if value is None:
-        return None
-    try:
-        return float(value)  # lr may be a tensor (capturable / fused optimizers)
-    except (TypeError, ValueError):
-        return None

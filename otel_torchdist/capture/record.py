@@ -177,6 +177,17 @@ def drained_as(name: str):
     return register
 
 
+# Metric updates capture code hands the drain as data, (how, metric, labels, value) each: the drain applies
+# them to its framework metrics (drain/framework_metrics.py), so no capture code touches the drain's state.
+SET, ADD, OBSERVE = "set", "add", "observe"
+_METRIC_UPDATES = reserve("metric_updates")
+
+
+def update_metrics(*updates: tuple) -> None:
+    """Queue ``(how, metric, labels, value)`` updates (``how``: SET, ADD or OBSERVE) for the drain."""
+    queue((_METRIC_UPDATES, updates))
+
+
 def set_limit(max_records: int) -> None:
     _limit[0] = max_records
 
@@ -187,7 +198,7 @@ def defer(fn, *args) -> None:
 
 def key(fn) -> Any:
     """What a deferred entry holds for ``fn``: its index if registered with :func:`drained`, else itself.
-    ``(key(fn), *args)`` is an entry to :func:`queue` later, or to carry inside another one (see :func:`run`)."""
+    ``(key(fn), *args)`` is an entry to :func:`queue` later, or to carry inside another one (see drain/deferred.py)."""
     return _index.get(fn, fn)
 
 
@@ -196,18 +207,6 @@ def queue(entry: tuple) -> None:
         DEFERRED.append(entry)
     else:
         _dropped[0] += 1
-
-
-def function(entry: tuple) -> Any:
-    """The function a deferred entry calls."""
-    fn = entry[0]
-    return DRAINED[fn] if fn.__class__ is int else fn
-
-
-def run(pipeline: Any, entry: tuple) -> None:
-    """Run a deferred entry (on the drain thread)."""
-    fn = entry[0]
-    (DRAINED[fn] if fn.__class__ is int else fn)(pipeline, *entry[1:])
 
 
 def push(rec: list) -> None:

@@ -8,12 +8,13 @@ from .. import names as n
 from ..capture import record as R
 from ..ids import new_span_id, new_trace_id
 from ..telemetry import SpanData
+from .framework_metrics import apply
 
 
 @R.drained_as("framework_span")
 def build(pipeline, name, t_start, t_end, attributes, snap, opened, error, events, then) -> None:
-    if then is not None:
-        then(pipeline)
+    if then:
+        apply(pipeline, then)
     if opened is None:
         trace_id, parent, sampled = pipeline.parent_of(*snap)
         span_id = new_span_id()

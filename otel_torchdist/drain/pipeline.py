@@ -28,7 +28,10 @@ from ..capture.caller import span_context
 from ..config import Config
 from ..ids import new_trace_id
 from ..telemetry import MetricData, SpanData
+from .deferred import function as deferred_function
+from .deferred import run as run_deferred
 from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
+from . import optimizer  # noqa: F401  registers the step end that capture/optim.py defers to
 from . import step_close  # noqa: F401  registers the close that steps.py defers to
 from .metrics import FrameworkMetrics, MetricStore, Series, collective_metrics, health_metrics
 from .outbox import Outbox
@@ -153,9 +156,9 @@ class Pipeline:
                 for _ in range(closes):
                     entry = deferred.popleft()
                     try:
-                        record.run(self, entry)
+                        run_deferred(self, entry)
                     except Exception as exc:
-                        fn = record.function(entry)
+                        fn = deferred_function(entry)
                         health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
                 if not q and not deferred:
                     break

@@ -23,7 +23,6 @@ from prometheus_client.exposition import start_http_server
 from prometheus_client.samples import Exemplar
 
 from .. import health
-from .. import names as n
 from ..telemetry import MetricData
 from .prometheus_names import prometheus_name
 from .sinks import write_json_whole
