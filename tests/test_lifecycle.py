@@ -119,3 +119,30 @@ def test_process_start_time_is_before_now_and_after_boot():
 
     started = identity.process_start_time()
     assert started <= time.time() and time.time() - started < 24 * 3600
+
+
+def test_a_group_destroyed_while_uninstrumented_is_not_reported_by_the_next_instrumentation(instrumented):
+    """destroy_process_group() after uninstrument() goes unseen: the next instrument() must not keep the old
+    group alive nor report it (the watchdog's per-group gauges would carry every group of every cycle)."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import otel_torchdist
+    from otel_torchdist.capture import groups
+
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    instrumented()
+    dist.all_reduce(torch.ones(2))
+    old = dist.group.WORLD
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+    try:
+        instrumented()
+        dist.all_reduce(torch.ones(2))
+        assert [gi.pg for gi in groups.all_groups()] == [dist.group.WORLD]
+        assert all(gi.pg is not old for gi in groups.all_groups())
+    finally:
+        otel_torchdist.uninstrument()
+        dist.destroy_process_group()

@@ -182,6 +182,14 @@ def forget_all() -> None:
         _labels.clear()
 
 
+def forget_destroyed() -> None:
+    """Forget the groups destroyed while the library was not looking (after an ``uninstrument()``): a new
+    instrumentation must not report them, nor keep them alive."""
+    live = c10d._world.pg_map
+    for pg in [pg for pg in list(_groups) if pg not in live]:
+        forget(pg)
+
+
 def all_groups() -> list[GroupInfo]:
     return list(_groups.values())
 

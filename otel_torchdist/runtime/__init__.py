@@ -1,0 +1,295 @@
+"""One instrumented process: the patches, the pipeline, where telemetry goes (outlets.py), the threads that
+talk to the other ranks (ranks.py), what the rank reports (report.py), and their start and end.
+
+Start: patches go in at once (``instrument()`` may come before or after ``init_process_group``). The
+exporters need to know who this rank is and which run it belongs to, so they start when the process
+group exists: right away if it does, otherwise from the patched ``init_process_group``. Until then records
+wait in the (bounded) queue.
+
+End: ``uninstrument()``, ``destroy_process_group()`` and normal process exit (``atexit``, and
+multiprocessing's exit finalizers for ``torch.multiprocessing.spawn`` workers, which skip ``atexit``) all
+flush, each bounded by ``flush_timeout``.
+"""
+
+from __future__ import annotations
+
+import functools
+import logging
+import os
+import threading
+import time
+from typing import Any
+
+from .. import health, logs, signals, steps
+from .. import names as n
+from ..capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, functions, later, native_hot, nccl, optim, record
+from ..capture import dataloader as dataloader_capture
+from ..config import Config
+from ..drain.pipeline import Pipeline
+from ..export import otlp
+from ..identity import Identity, resolve
+from ..patching import Patcher
+from . import report
+from .components import COMPONENTS, Component, make_components
+from .outlets import Outlets
+from .process import current, install, remove
+from .ranks import RankThreads
+
+__all__ = ["COMPONENTS", "Component", "Runtime", "current", "install", "remove"]
+
+_log = logging.getLogger("otel_torchdist")
+
+
+def _framework_captures():
+    """(name, capture module, the module whose import it waits for: None = install at once)."""
+    return (
+        ("DDP", ddp, None),
+        ("FSDP", fsdp, "torch.distributed.fsdp"),
+        ("functional collectives", funcol, None),
+        ("autograd functions", functions, None),
+        ("DTensor", dtensor, "torch.distributed.tensor"),
+        ("distributed checkpoint", checkpoint, "torch.distributed.checkpoint"),
+        ("steps", steps, None),
+        ("DataLoader", dataloader_capture, None),
+    )
+
+
+class Runtime:
+    def __init__(self, cfg: Config, tracer_provider: Any = None, meter_provider: Any = None) -> None:
+        self.cfg = cfg
+        self.patcher = Patcher()
+        self.pipeline = Pipeline(cfg)
+        self.identity: Identity | None = None
+        self.folder: str | None = None  # the run folder, once opened
+        self.components: list[Component] = []
+        self.steps = steps.StepTracker(cfg)
+        self.outlets = Outlets(cfg, self.pipeline, (tracer_provider, meter_provider))
+        self.ranks = RankThreads(cfg, self.pipeline, self.steps)
+        self._started = False
+        self._run_dir_ok = True
+        self._lock = threading.RLock()
+        self._closed = False
+        self._closer: int | None = None  # the thread running close()
+        self._close_done = threading.Event()
+        self._started_at = time.monotonic()
+        self._end_by: float | None = None  # when the process's end may no longer wait for telemetry (end_budget)
+
+    # ------------------------------------------------------------------------------------------ start
+    def start(self) -> None:
+        logs.configure(self.cfg.log_level)
+        self._check_run_dir()
+        self._started = True
+        record.set_limit(self.cfg.max_queued_records)
+        # Dynamo's table of collectives it rewrites into functional ones is keyed by the c10d functions
+        # found when funcol is first imported: import it before patching, so the keys are the originals
+        # (which a compiled call through our wrappers reaches), whatever instrument() cycles follow.
+        import torch.distributed._functional_collectives  # noqa: F401
+
+        self.patcher.apply(c10d.patches())
+        # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
+        # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
+        # FSDP, DTensor and checkpoint cost a second of imports: installed when the program imports them.
+        for name, module, trigger in _framework_captures():
+            add = functools.partial(self._install_capture, name, module)
+            if trigger is None:
+                add()
+            else:
+                later.when_imported(trigger, add)
+        try:
+            optim.install()
+        except Exception as exc:
+            health.error("capture", "the optimizer capture could not be installed", exc)
+        steps.TRACKER[0] = self.steps
+        optim.closer[0] = self.steps.on_optimizer_step
+        signals.install(lambda: self.close(restore=False), self.flush, self.on_uncaught, self.closing_here)
+        c10d._on_init.append(self.on_process_group)
+        c10d._on_destroy.append(self.on_destroy)
+        self.pipeline.start()
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            c10d.meet(None)
+            self.on_process_group()
+        ddp_native.activate(self.cfg.native, self.cfg.max_queued_records)
+        native_hot.activate(ddp_native.module())
+        try:
+            otlp.use_native(ddp_native.module())
+        except Exception as exc:
+            health.error("native", "the native span encoders could not be set up; spans are encoded in Python", exc)
+        if ddp_native.module() is not None:
+            try:
+                self.pipeline.use_native(ddp_native.module())
+            except Exception as exc:
+                health.error("native", "the native metric fold could not be set up; records are folded in Python", exc)
+        try:
+            ddp.adopt_existing()
+        except Exception as exc:
+            health.error("ddp", "could not adopt DDP models built before instrument()", exc)
+        try:
+            dtensor.adopt_existing()
+        except Exception as exc:
+            health.error("sharding", "could not adopt models parallelized before instrument()", exc)
+
+    def _install_capture(self, name: str, module: Any) -> None:
+        if self._closed:
+            return
+        try:
+            self.patcher.apply(module.patches())
+        except Exception as exc:
+            health.error("capture", f"the {name} capture could not be installed", exc)
+
+    def _check_run_dir(self) -> None:
+        """Refuse at once a run folder the file exporters could not write; otherwise only warn."""
+        cfg = self.cfg
+        try:
+            os.makedirs(cfg.run_dir, exist_ok=True)
+            probe = os.path.join(cfg.run_dir, f".otel-torchdist-probe-{os.getpid()}")
+            with open(probe, "w") as f:
+                f.write("")
+            os.remove(probe)
+        except OSError as exc:
+            message = f"run_dir / OTEL_TORCHDIST_RUN_DIR {cfg.run_dir!r} is not writable ({exc.strerror or exc})"
+            uses_files = "file" in cfg.resolved_traces_exporter() or "file" in cfg.resolved_metrics_exporters()
+            if uses_files:
+                raise ValueError(message + "; the file exporters need it. Point it elsewhere or export over OTLP") from None
+            _log.warning("otel-torchdist: %s; the run's resource, summary and target files are not written", message)
+            self._run_dir_ok = False
+
+    def on_process_group(self) -> None:
+        """The process group exists: learn who we are and start exporting."""
+        with self._lock:
+            self._end_by = None  # a process group after destroy_process_group(): that was not the end
+            if self.identity is not None or self._closed:
+                return
+            self._set_identity(resolve(self.cfg.run_id))
+
+    def _set_identity(self, ident: Identity) -> None:
+        self.identity = ident
+        self.components = make_components(self.cfg)
+        extra = dict(self.cfg.resource_attributes)
+        for comp in self.components:
+            try:
+                extra.update(comp.resource_attributes())
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not describe the run", exc)
+        self.outlets.open(ident, self._run_dir_ok, extra)
+        self.folder = self.outlets.folder
+        for comp in self.components:
+            try:
+                comp.start(self)
+                self.pipeline.metric_sources.append(comp.metric_data)
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not start", exc)
+        logs.set_rank(ident.rank)
+        self.ranks.start(ident, self)
+        report.announce(self.cfg, ident, self.outlets.destinations)
+
+    # the parts other code reads
+    @property
+    def prometheus(self) -> Any:
+        return self.outlets.prometheus
+
+    @property
+    def watchdog(self) -> Any:
+        return self.ranks.watchdog
+
+    @property
+    def exchange(self) -> Any:
+        return self.ranks.exchange
+
+    # -------------------------------------------------------------------------------------------- end
+    def on_uncaught(self, exc: BaseException) -> None:
+        self.steps.fail(type(exc).__name__, str(exc)[:1024])
+
+    def on_destroy(self, group: Any) -> None:
+        from torch.distributed import distributed_c10d as cd
+
+        if group is None or group is cd._world.default_pg:
+            self.ranks.leave_store(self.end_budget())  # its threads talk to the store being destroyed
+            self.flush(self.end_budget())
+
+    def end_budget(self) -> float:
+        """Seconds the process's end may still wait for telemetry. Its end flushes (destroy_process_group()'s,
+        uninstrument()'s, exit's) share one ``flush_timeout``, started by the first: a backend that never
+        answers costs the end of the job one flush_timeout, however many of them it passes."""
+        with self._lock:
+            if self._end_by is None:
+                self._end_by = time.monotonic() + self.cfg.flush_timeout
+            return max(0.0, self._end_by - time.monotonic())
+
+    def flush(self, timeout: float | None = None) -> bool:
+        return self.pipeline.flush(self.cfg.flush_timeout if timeout is None else timeout)
+
+    def closing_here(self) -> bool:
+        """Whether the calling thread is inside :meth:`close` (a SIGTERM handler interrupting it)."""
+        return self._closer == threading.get_ident() and not self._close_done.is_set()
+
+    def close(self, restore: bool = True) -> None:
+        """Flush everything, print the summary, stop threads and servers; with ``restore``, unpatch.
+
+        A second call, from another thread, returns once the first has finished (bounded): the SIGTERM
+        watcher that ends the process after its flush must not end it in the middle of the exit handler's.
+        """
+        with self._lock:
+            closed, self._closed = self._closed, True
+            if not closed:
+                self._closer = threading.get_ident()
+        if closed:
+            if self._closer != threading.get_ident():
+                self._close_done.wait(2 * self.cfg.flush_timeout + 5.0)
+            return
+        try:
+            self._close(restore)
+        finally:
+            self._close_done.set()
+            signals.deliver_pending()
+
+    def _close(self, restore: bool) -> None:
+        if restore:
+            later.cancel()
+            self.patcher.restore()
+            optim.remove()
+            context.TRACKER.remove()
+            signals.uninstall()
+        if not self._started:
+            return  # refused at start: nothing ran, nothing to flush or report
+        funcol.flush_unfinished()
+        for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
+            if fn in hooks:
+                hooks.remove(fn)
+        if optim.closer[0] == self.steps.on_optimizer_step:
+            optim.closer[0] = None
+        dataloader_capture.FETCH[0] = None
+        self.steps.close()
+        steps.TRACKER[0] = None
+        dog = self.ranks.watchdog
+        if dog is not None:
+            dog.stop()
+        self.ranks.leave_store(self.end_budget())
+        if dog is not None:
+            # A rank told to stop while stuck in a collective: say which one, as unfinished.
+            for rec in dog.blocking_in_flight():
+                stuck = list(rec)
+                record.complete(stuck, n.END_UNFINISHED)
+        completion.flush_unfinished()
+        for rec in ddp_native.abandon(self.steps):
+            record.complete(rec, n.END_UNFINISHED)
+        nccl.flush_pending(min(1.0, self.end_budget()))
+        # No process group ever: nothing was captured (collectives need one). A helper process of the job (a
+        # launcher's, multiprocessing's resource tracker, a spawned DataLoader worker, all instrumented by
+        # opentelemetry-instrument's sitecustomize) writes no run folder and prints no summary.
+        for comp in self.components:
+            try:
+                comp.stop()
+            except Exception as exc:
+                health.error("component", f"{comp.name} could not stop", exc)
+        self.outlets.finish_node(self.end_budget())
+        self.pipeline.stop(self.end_budget())
+        self.outlets.close_meter()
+        native_hot.deactivate()
+        otlp.use_native(None)
+        otlp.name_spans_for_rank(None)
+        ddp_native.deactivate(restore)
+        if self.identity is not None:
+            report.summarize(self.cfg, self.identity, self.pipeline, self.steps, self.outlets, self._started_at)
+        self.outlets.stop_prometheus()
