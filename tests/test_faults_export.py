@@ -903,11 +903,9 @@ def test_a_full_disk_leaves_whole_lines_and_the_last_good_summary(tmp_path):
         ok += [limited.export_span_fragments({{"service.name": "t"}}, [span] * n) for n in (150, 3)]
         for s in (sink, batches, limited):
             s.shutdown()
-        from otel_torchdist import runtime
-        rt = runtime.Runtime.__new__(runtime.Runtime)
-        rt.folder = folder
-        rt._write_json("summary.rank0.json", {{"a": 1}})
-        rt._write_json("summary.rank0.json", {{"big": "y" * 5000}})  # cannot fit: the first stays
+        from otel_torchdist.runtime.outlets import write_json
+        write_json(folder, "summary.rank0.json", {{"a": 1}})
+        write_json(folder, "summary.rank0.json", {{"big": "y" * 5000}})  # cannot fit: the first stays
         print(json.dumps(ok), flush=True)
         """
     )

@@ -22,7 +22,7 @@ from typing import Any
 
 from .. import health, logs, signals, steps
 from .. import names as n
-from ..capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, functions, later, native_hot, nccl, optim, record
+from ..capture import c10d, checkpoint, completion, context, ddp, ddp_native, dtensor, fsdp, funcol, functions, groups, later, native_hot, nccl, optim, record
 from ..capture import dataloader as dataloader_capture
 from ..config import Config
 from ..drain.pipeline import Pipeline
@@ -85,6 +85,7 @@ class Runtime:
         # (which a compiled call through our wrappers reaches), whatever instrument() cycles follow.
         import torch.distributed._functional_collectives  # noqa: F401
 
+        groups.forget_destroyed()
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
         # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
