@@ -61,19 +61,21 @@ def errors() -> dict[str, int]:
         return dict(_errors)
 
 
-# (kind, read) for drops counted elsewhere: the record queue counts its own on the hot path, without a lock.
+# (kind, read, clear) for drops counted elsewhere: the record queue counts its own on the hot path, without
+# a lock.
 _counted_elsewhere: list = []
 
 
-def count_drops_of(kind: str, read) -> None:
-    """Report ``read()`` as drops of ``kind`` too (registered by the module that counts them)."""
-    _counted_elsewhere.append((kind, read))
+def count_drops_of(kind: str, read, clear) -> None:
+    """Report ``read()`` as drops of ``kind`` too (registered by the module that counts them); ``clear()``
+    zeroes that count with the others (:func:`reset`)."""
+    _counted_elsewhere.append((kind, read, clear))
 
 
 def drops() -> dict[str, int]:
     with _lock:
         out = dict(_dropped)
-    for kind, read in _counted_elsewhere:
+    for kind, read, _ in _counted_elsewhere:
         n = read()
         if n:
             out[kind] = out.get(kind, 0) + n
@@ -85,3 +87,5 @@ def reset() -> None:
         _errors.clear()
         _dropped.clear()
         _logged.clear()
+    for _, _, clear in _counted_elsewhere:
+        clear()

@@ -40,6 +40,7 @@ from .capture import record as R
 from .patching import Patch
 
 _log = logging.getLogger("otel_torchdist")
+_RECENT_MASK = len(R.RECENT_STEPS) - 1
 
 
 def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
@@ -269,7 +270,7 @@ class StepTracker:
                     ctx = ctx[:5] + ((trace, span),) + ctx[6:]
                 else:
                     ctx = (ctx[0], trace, ctx[2], ctx[3] and sampled, ctx[4], (trace, span)) + ctx[6:]
-                R.STEP[0] = R.RECENT_STEPS[ctx[0] & 255] = ctx
+                R.STEP[0] = R.RECENT_STEPS[ctx[0] & _RECENT_MASK] = ctx
             return index
 
     def _begin(self, index: int, source: str, t_start: int) -> int:
@@ -291,7 +292,7 @@ class StepTracker:
         if ids is None:
             ids = self._ids_of(index, occurrence)
         trace = ids[0]
-        R.STEP[0] = R.RECENT_STEPS[serial & 255] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
+        R.STEP[0] = R.RECENT_STEPS[serial & _RECENT_MASK] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
         R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
 

@@ -249,3 +249,26 @@ def test_sparse_gradients_keep_the_comm_hook(native_built, gloo_alone, instrumen
     model = DDP(torch.nn.Sequential(torch.nn.Embedding(10, 4, sparse=True), torch.nn.Linear(4, 2)))
     assert not ddp_native.is_attached(model) and model in ddp_capture._state
     model(torch.tensor([[1, 2], [3, 4]])).sum().backward()  # trains
+
+
+def test_a_drain_interval_of_many_fast_steps_keeps_every_bucket_in_its_step(native_built, gloo_alone, instrumented):
+    """The native capture's entries name their step by serial, found again on the drain among the last steps
+    begun: 600 steps between two drains (steps of 0.3 ms at the default 200 ms) keep their buckets in their
+    steps, untraced steps' buckets make no span (they were exported as collectives outside any step, a span
+    each, past 256 steps)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist.capture import ddp_native
+
+    folder = instrumented(run_id="native-fast", trace_every_steps=100, drain_interval=3600.0)
+    model = DDP(_mlp())
+    assert ddp_native.is_attached(model)
+    _train(model, 600)
+    otel_torchdist.uninstrument()
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    traced = {s["traceId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    buckets = [s for s in spans if s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" and s["name"] == "all_reduce"]
+    assert len(traced) == 10 + 6  # the first 10 and every 100th
+    assert buckets and all(s["traceId"] in traced for s in buckets)
+    assert sorted({traced[s["traceId"]] for s in buckets}) == sorted(traced.values())

@@ -193,7 +193,7 @@ _models: dict[int, tuple] = {}  # model number -> the (forward, backward) contex
 
 def _step_context(serial: int, tracker: Any) -> tuple | None:
     """R.STEP's tuple for the ``serial``-th step of this rank, as the training thread had it (steps.py
-    keeps the last 256 in R.RECENT_STEPS): a step further back than that has ended long ago, and its
+    keeps the last 4096 in R.RECENT_STEPS): a step further back than that has ended long ago, and its
     collectives are recorded outside any step."""
     ctx = _RECENT[serial & _RECENT_MASK]
     return ctx if ctx is not None and ctx[0] == serial else None

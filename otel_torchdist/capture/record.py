@@ -69,9 +69,11 @@ STEP: list = [None]  # the current step context, process-wide (steps.py sets it)
 # nothing reads): [0] the current step's index, 0 for none (steps.py writes it with STEP), [1] a batch
 # number for buckets issued outside a backward pass (ddp.py, DDP's Join hook).
 NO_SLOTS = memoryview(bytearray(16)).cast("q")
-# The contexts of the last steps begun, at their index modulo 256 (steps.py): the native capture's records
-# carry a step's index, and find its context here.
-RECENT_STEPS: list = [None] * 256
+# The contexts of the last steps begun, at their serial modulo its length (steps.py): the native capture's
+# records carry a step's serial, and the drain finds its context here. As many as the drain keeps open
+# (Pipeline's STEPS_OPEN_MAX): 256 lost the steps of a drain interval beyond 256 (steps under 0.8 ms at the
+# default 200 ms), whose buckets were then exported as collectives outside any step, a span each.
+RECENT_STEPS: list = [None] * 4096
 SLOTS = NO_SLOTS
 _graph_task_id = None
 
@@ -220,7 +222,7 @@ def dropped_records() -> int:
     return _dropped[0]
 
 
-health.count_drops_of("record", dropped_records)
+health.count_drops_of("record", dropped_records, lambda: _dropped.__setitem__(0, 0))
 
 
 def error_info(exc: BaseException) -> tuple[str, str]:
