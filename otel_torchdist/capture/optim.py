@@ -234,5 +234,8 @@ def _now(value: Any) -> Any:
     read on the drain thread, since reading it here would wait for the device."""
     device = getattr(value, "device", None)
     if device is not None and device.type == "cpu":
-        return float(value)
+        try:
+            return float(value)
+        except (TypeError, ValueError, RuntimeError):  # not one number: the drain leaves it out
+            return None
     return value

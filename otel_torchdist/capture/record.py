@@ -135,23 +135,15 @@ _limit = [65536]
 _dropped = [0]
 
 
-# Work the background thread does for the framework captures (building an optimizer-step or sharding span,
-# updating their metrics): entries ``(function, *args)``, bounded by the same limit as records. A function
-# registered with :func:`drained` is queued as its index: a function is an object the garbage collector
-# tracks, so an entry holding one stays tracked until the drain frees it, while an entry of an index and
-# flat arguments is untracked by the first young collection, like a record. One flat tuple per entry, not
-# a pair holding the arguments: each tuple a training step leaves queued is one more object for the
-# collector's young generation to count and visit.
+# Work the background thread does for the training thread (a step's close, an optimizer step, a framework
+# span, metric updates): entries ``(index, *flat args)``, bounded by the same limit as records. The index
+# names the drain function registered under a reserved name (:func:`reserve`, :func:`drained_as`), not the
+# function: a function is an object the garbage collector tracks, so an entry holding one stays tracked
+# until the drain frees it, while an entry of an index and flat arguments is untracked by the first young
+# collection, like a record. One flat tuple per entry, not a pair holding the arguments: each tuple a
+# training step leaves queued is one more object for the collector's young generation to count and visit.
 DEFERRED: deque[tuple] = deque()
-DRAINED: list[Any] = []
-_index: dict[Any, int] = {}
-
-
-def drained(fn):
-    """Register a module-level function that runs deferred work (decorator)."""
-    _index[fn] = len(DRAINED)
-    DRAINED.append(fn)
-    return fn
+DRAINED: list[Any] = []  # index -> drain function (drain/deferred.py runs them)
 
 
 _named: dict[str, int] = {}
@@ -171,9 +163,7 @@ def drained_as(name: str):
     """Register a drain function under the name capture code reserved (decorator)."""
 
     def register(fn):
-        index = reserve(name)
-        DRAINED[index] = fn
-        _index[fn] = index
+        DRAINED[reserve(name)] = fn
         return fn
 
     return register
@@ -192,16 +182,6 @@ def update_metrics(*updates: tuple) -> None:
 
 def set_limit(max_records: int) -> None:
     _limit[0] = max_records
-
-
-def defer(fn, *args) -> None:
-    queue((_index.get(fn, fn), *args))
-
-
-def key(fn) -> Any:
-    """What a deferred entry holds for ``fn``: its index if registered with :func:`drained`, else itself.
-    ``(key(fn), *args)`` is an entry to :func:`queue` later, or to carry inside another one (see drain/deferred.py)."""
-    return _index.get(fn, fn)
 
 
 def queue(entry: tuple) -> None:

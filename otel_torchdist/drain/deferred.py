@@ -1,5 +1,5 @@
 """Running what the training thread deferred (capture/record.py's ``DEFERRED``): an entry's first item is
-the index its drain function was registered under (``drained``, ``drained_as``), or the function itself."""
+the index its drain function was registered under (``reserve``, ``drained_as``)."""
 
 from __future__ import annotations
 
@@ -10,11 +10,9 @@ from ..capture.record import DRAINED
 
 def function(entry: tuple) -> Any:
     """The function a deferred entry calls."""
-    fn = entry[0]
-    return DRAINED[fn] if fn.__class__ is int else fn
+    return DRAINED[entry[0]]
 
 
 def run(pipeline: Any, entry: tuple) -> None:
     """Run a deferred entry (on the drain thread)."""
-    fn = entry[0]
-    (DRAINED[fn] if fn.__class__ is int else fn)(pipeline, *entry[1:])
+    DRAINED[entry[0]](pipeline, *entry[1:])
