@@ -16,6 +16,10 @@ processes, and prints one line per check and a JSON report:
 5. **A DDP step's overhead**: median step of a DDP model (NCCL, world size 1), plain, instrumented, plain
    again, each in a process of its own. With ``--profile DIR`` the instrumented process then runs 50 more
    steps under cProfile and writes ``DIR/ddp_instrumented.pstats`` (the timed steps are not profiled).
+6. **Where that overhead comes from** (unless ``--no-breakdown``): ``benchmarks/gpu_ddp_overhead.py`` on the
+   small model, plain against torch's own Python comm hook, the library, the library with its drain held
+   back and the library without its DDP capture, two rounds; with yappi installed, a per-thread profile of
+   each instrumented variant next to the report. Reported, not judged.
 
 A failed check prints FAIL and the script exits 1. Until a GPU machine has run it, the docs say the GPU
 paths are unmeasured (docs/performance.md).
@@ -38,6 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SIZES = [1 << 20, 16 << 20, 256 << 20]
+BREAKDOWN = "plain,plain_python_hook,instrumented,instrumented_slow_drain,instrumented_no_ddp"
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
 
@@ -319,6 +324,7 @@ def _run(fn, world: int, folder: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu-check.json"))
+    parser.add_argument("--no-breakdown", action="store_true", help="skip check 6 (benchmarks/gpu_ddp_overhead.py)")
     parser.add_argument("--profile", metavar="DIR", help="profile the instrumented DDP steps into DIR (cProfile)")
     args = parser.parse_args(argv)
     if args.profile:
@@ -346,6 +352,22 @@ def main(argv: list[str] | None = None) -> int:
     ours = [c["result"] for c in report["checks"].get("ddp_instrumented", []) if c["ok"]]
     if plain and ours:
         print(f"     DDP step overhead: {ours[0] / statistics.mean(plain) - 1:+.1%} (instrumented against the mean of the plain runs around it)")
+    if not args.no_breakdown:
+        # 6: where the DDP step's overhead comes from (benchmarks/results/2026-11-26b-gpu-check.md): reported, not judged
+        import subprocess
+
+        here = os.path.dirname(os.path.abspath(__file__))
+        out_dir = os.path.dirname(os.path.abspath(args.out))
+        command = [sys.executable, os.path.join(here, "gpu_ddp_overhead.py"), "--models", "small", "--variants", BREAKDOWN,
+                   "--out", os.path.join(out_dir, "gpu-ddp-overhead.json")]  # fmt: skip
+        try:
+            import yappi  # noqa: F401
+
+            command += ["--profile", out_dir]
+        except ImportError:
+            print("     (pip install yappi for a per-thread profile of the instrumented DDP steps)")
+        print("     DDP step overhead, by part:", flush=True)
+        subprocess.run(command, timeout=600)
     print(f"gpu_check: report in {args.out}")
     return 1 if failed else 0
 
