@@ -100,6 +100,23 @@ def profile_threads(run, path: str, top: int = 25) -> None:
     yappi.clear_stats()
 
 
+def _count_ddp_paths() -> dict:
+    """Count calls of the DDP capture's paths from now on (the comm hook, its general path, a bucket's facts
+    made): wrappers put in the module before the model that the next steps build registers its hook."""
+    from otel_torchdist.capture import ddp
+
+    counts = {}
+    for name in ("otel_torchdist_ddp_hook", "_general", "_bucket", "_derive"):
+        counts[name] = 0
+
+        def counted(*args, _orig=getattr(ddp, name), _name=name, **kwargs):
+            counts[_name] += 1
+            return _orig(*args, **kwargs)
+
+        setattr(ddp, name, counted)
+    return counts
+
+
 def _variant(rank: int, port: int, folder: str, queue) -> None:
     variant, kind, steps = os.environ["DDP_OVERHEAD_CASE"].split(":")
     torch.cuda.set_device(0)
@@ -123,7 +140,11 @@ def _variant(rank: int, port: int, folder: str, queue) -> None:
     times = _steps(kind, int(steps), variant == "plain_python_hook")
     profile_dir = os.environ.get("DDP_OVERHEAD_PROFILE")
     if profile_dir and instrumented:
-        profile_threads(lambda: _steps(kind, int(steps), False, warmup=0), os.path.join(profile_dir, f"{variant}-{kind}.txt"))
+        path = os.path.join(profile_dir, f"{variant}-{kind}.txt")
+        counts = _count_ddp_paths()
+        profile_threads(lambda: _steps(kind, int(steps), False, warmup=0), path)
+        with open(path, "a") as f:  # calls per step of the DDP capture's paths: a bucket's facts are made once
+            f.write("\n== DDP capture calls per step: " + json.dumps({k: v / int(steps) for k, v in counts.items()}) + "\n")
     if instrumented:
         otel_torchdist.uninstrument()
     dist.destroy_process_group()
