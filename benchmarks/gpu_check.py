@@ -21,8 +21,8 @@ processes, and prints one line per check and a JSON report:
    back and the library without its DDP capture, two rounds; with yappi installed, a per-thread profile of
    each instrumented variant next to the report. Reported, not judged.
 
-A failed check prints FAIL and the script exits 1. Until a GPU machine has run it, the docs say the GPU
-paths are unmeasured (docs/performance.md).
+A failed check prints FAIL and the script exits 1. The last run's figures are in docs/performance.md (the
+GPU row) and benchmarks/results/ (the newest *-gpu-check.md).
 """
 
 from __future__ import annotations
