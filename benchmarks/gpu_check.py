@@ -14,8 +14,7 @@ processes, and prints one line per check and a JSON report:
    and cudaEventSynchronize calls in 50 NCCL all_reduces plain and instrumented; the counts must match.
 4. **NVML sampling**: the library's GPU utilization and memory gauges next to what pynvml reads directly.
 5. **A DDP step's overhead**: median step of a DDP model (NCCL, world size 1), plain, instrumented, plain
-   again, each in a process of its own. With ``--profile DIR`` the instrumented process then runs 50 more
-   steps under cProfile and writes ``DIR/ddp_instrumented.pstats`` (the timed steps are not profiled).
+   again, each in a process of its own.
 6. **Where that overhead comes from** (unless ``--no-breakdown``): ``benchmarks/gpu_ddp_overhead.py`` on the
    small model, plain against torch's own Python comm hook, the library, the library with its drain held
    back and the library without its DDP capture, two rounds; with yappi installed, a per-thread profile of
@@ -225,15 +224,10 @@ def nvml_sampling(rank: int, port: int, folder: str, queue) -> None:
                                  "pynvml": direct}))  # fmt: skip
 
 
-def _ddp_steps(steps: int = 70, warmup: int = 20) -> float:
-    import torch.nn as nn
-
-    torch.manual_seed(0)
-    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda())
-    opt = torch.optim.SGD(model.parameters(), lr=0.01)
-    x = torch.randn(256, 1024, device="cuda")
+def time_steps(model, opt, x, steps: int, warmup: int) -> list[float]:
+    """Seconds of each DDP step after ``warmup`` (each ends with the GPU's work: ``torch.cuda.synchronize``)."""
     times = []
-    for i in range(steps):
+    for i in range(warmup + steps):
         torch.cuda.synchronize()
         t0 = time.perf_counter()
         model(x).sum().backward()
@@ -242,7 +236,17 @@ def _ddp_steps(steps: int = 70, warmup: int = 20) -> float:
         torch.cuda.synchronize()
         if i >= warmup:
             times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+    return times
+
+
+def _ddp_steps() -> float:
+    import torch.nn as nn
+
+    torch.manual_seed(0)
+    model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda())
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    x = torch.randn(256, 1024, device="cuda")
+    return statistics.median(time_steps(model, opt, x, 50, 20))
 
 
 def ddp_plain(rank: int, port: int, folder: str, queue) -> None:
@@ -260,13 +264,6 @@ def ddp_instrumented(rank: int, port: int, folder: str, queue) -> None:
     otel_torchdist.instrument(run_dir=folder, run_id="ddp", summary="none")
     _init("nccl", 0, 1, port)
     queue.put(("ddp_instrumented", _ddp_steps()))
-    profile_dir = os.environ.get("GPU_CHECK_PROFILE")
-    if profile_dir:
-        import cProfile
-
-        with cProfile.Profile() as prof:
-            _ddp_steps(50, 0)
-        prof.dump_stats(os.path.join(profile_dir, "ddp_instrumented.pstats"))
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
 
@@ -325,11 +322,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu-check.json"))
     parser.add_argument("--no-breakdown", action="store_true", help="skip check 6 (benchmarks/gpu_ddp_overhead.py)")
-    parser.add_argument("--profile", metavar="DIR", help="profile the instrumented DDP steps into DIR (cProfile)")
     args = parser.parse_args(argv)
-    if args.profile:
-        os.makedirs(args.profile, exist_ok=True)
-        os.environ["GPU_CHECK_PROFILE"] = os.path.abspath(args.profile)  # the spawned checks inherit it
     if not torch.cuda.is_available():
         print("gpu_check: SKIPPED: no CUDA GPU here (torch.cuda.is_available() is False); nothing was measured")
         return 0

@@ -33,13 +33,12 @@ import os
 import statistics
 import sys
 import tempfile
-import time
 
 import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import _init, _run  # noqa: E402
+from gpu_check import _init, _run, time_steps  # noqa: E402
 
 VARIANTS = ("plain", "plain_timing", "instrumented", "instrumented_no_hook", "plain_python_hook", "instrumented_no_ddp",
             "instrumented_slow_drain")  # fmt: skip
@@ -62,19 +61,7 @@ def _steps(kind: str, steps: int, python_hook: bool, warmup: int = 30) -> list[f
         from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
 
         model.register_comm_hook(None, allreduce_hook)
-    opt = torch.optim.SGD(model.parameters(), lr=1e-4)
-    x = x.cuda()
-    times = []
-    for i in range(warmup + steps):
-        torch.cuda.synchronize()
-        t0 = time.perf_counter()
-        model(x).sum().backward()
-        opt.step()
-        opt.zero_grad()
-        torch.cuda.synchronize()
-        if i >= warmup:
-            times.append(time.perf_counter() - t0)
-    return times
+    return time_steps(model, torch.optim.SGD(model.parameters(), lr=1e-4), x.cuda(), steps, warmup)
 
 
 def profile_threads(run, path: str, top: int = 25) -> None:
