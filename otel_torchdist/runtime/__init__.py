@@ -60,7 +60,6 @@ class Runtime:
         self.patcher = Patcher()
         self.pipeline = Pipeline(cfg)
         self.identity: Identity | None = None
-        self.folder: str | None = None  # the run folder, once opened
         self.components: list[Component] = []
         self.steps = steps.StepTracker(cfg)
         self.outlets = Outlets(cfg, self.pipeline, (tracer_provider, meter_provider))
@@ -174,7 +173,6 @@ class Runtime:
             except Exception as exc:
                 health.error("component", f"{comp.name} could not describe the run", exc)
         self.outlets.open(ident, self._run_dir_ok, extra)
-        self.folder = self.outlets.folder
         for comp in self.components:
             try:
                 comp.start(self)
@@ -186,6 +184,11 @@ class Runtime:
         report.announce(self.cfg, ident, self.outlets.destinations)
 
     # the parts other code reads
+    @property
+    def folder(self) -> str | None:
+        """The run folder, once opened."""
+        return self.outlets.folder
+
     @property
     def prometheus(self) -> Any:
         return self.outlets.prometheus

@@ -10,6 +10,7 @@ from .. import health
 if TYPE_CHECKING:
     from . import Runtime
 
+
 class Component:
     """Something that runs beside the capture once the rank's identity is known (the system sampler...).
 
