@@ -35,9 +35,11 @@ class ProcessSampler:
         proc = self._proc
         with proc.oneshot():
             times = proc.cpu_times()
+            # Timed with the CPU reading, not after the other reads: the GIL may be away between them, and a
+            # late stamp on one sample shortens the next window (5.4 cores read on a 2-core machine).
+            now = time.monotonic()
             rss = proc.memory_info().rss
             fds = proc.num_fds() if self._has_fds else None
-        now = time.monotonic()
         cpu = float(times.user + times.system)
         rank = labels(n.PROCESS_CPU_TIME, base)
         out = [
