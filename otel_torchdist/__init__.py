@@ -105,11 +105,12 @@ def step(n: int | None = None, *, total: int | None = None):
         yield
         return
     from .capture import record
+    from .capture import step_context as S
 
     step_begin(n, total=total)
     ctx = record.STEP[0]
-    traced = ctx is not None and ctx[3]
-    token = _otel_spans().attach_span(ctx[1], ctx[2], True) if traced else None
+    traced = ctx is not None and ctx[S.SAMPLED]
+    token = _otel_spans().attach_span(ctx[S.TRACE], ctx[S.SPAN], True) if traced else None
     deep = None
     if traced and tracker.cfg.compile_capture == "sampled":
         from .capture.deep import deep_capture as _deep

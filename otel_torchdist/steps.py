@@ -37,6 +37,7 @@ from typing import Any
 
 from . import callbacks, health
 from .capture import record as R
+from .capture import step_context as S
 from .patching import Patch
 
 _log = logging.getLogger("otel_torchdist")
@@ -261,16 +262,9 @@ class StepTracker:
                 index = self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
             ctx = R.STEP[0]
             if parent is not None and ctx is not None:
-                # Under the caller's span: the rank's step is a child of it, in its trace, kept when the library
-                # picks the step and the caller's span is sampled; it still names the shared root (a link).
-                # A step that took over the open one keeps its trace, whose spans (set-up) may be out already,
-                # and links to the caller's span instead.
-                trace, span, sampled = parent
-                if took_over:
-                    ctx = ctx[:5] + ((trace, span),) + ctx[6:]
-                else:
-                    ctx = (ctx[0], trace, ctx[2], ctx[3] and sampled, ctx[4], (trace, span)) + ctx[6:]
-                R.STEP[0] = R.RECENT_STEPS[ctx[0] & _RECENT_MASK] = ctx
+                # Under the caller's span; it still names the shared root (a link).
+                ctx = S.under(ctx, *parent, took_over)
+                R.STEP[0] = R.RECENT_STEPS[ctx[S.SERIAL] & _RECENT_MASK] = ctx
             return index
 
     def _begin(self, index: int, source: str, t_start: int) -> int:
@@ -292,6 +286,7 @@ class StepTracker:
         if ids is None:
             ids = self._ids_of(index, occurrence)
         trace = ids[0]
+        # capture/step_context.py's fields, in one literal (every step)
         R.STEP[0] = R.RECENT_STEPS[serial & _RECENT_MASK] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
         R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
@@ -484,7 +479,7 @@ def _wrap_backward(orig):
     def backward(*args, **kwargs):
         tracker = TRACKER[0]
         step = R.STEP[0]
-        if tracker is None or step is None or not step[3]:  # backward phases are spans: traced steps only
+        if tracker is None or step is None or not step[S.SAMPLED]:  # backward phases are spans: traced steps only
             return orig(*args, **kwargs)
         t0 = perf_counter_ns()
         try:

@@ -37,10 +37,12 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import caller, completion, groups, nccl
+from .context import MODULE as _MODULE
 from .context import on_stack, stack_context
 from .ops import C10D_OPS, OPS_BY_NAME, REQUIRED, Binder, OpSpec, describe, describe_batch, describe_tensor
 from . import record as R
 from .record import QUEUE, TLS, complete, error_info
+from .step_context import SAMPLED as _SAMPLED
 
 _is_compiling = torch.compiler.is_compiling
 _world = c10d._world
@@ -287,9 +289,9 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
         if op is None:
             return body(args, kwargs)
         step = _STEP[0]
-        if step is not None and step[3] and TLS.outer is None:
+        if step is not None and step[_SAMPLED] and TLS.outer is None:
             ctx = TLS.ctx
-            if ctx is None or ctx[1] is None:
+            if ctx is None or ctx[_MODULE] is None:
                 # A traced step: the module on the stack (context.on_stack), for the native part to read.
                 found = stack_context(ctx, _graph_task_id() != -1)
                 if found is not None:

@@ -13,6 +13,8 @@ from typing import Any
 from opentelemetry import context as _context
 from opentelemetry import trace as _trace
 
+from . import step_context as S
+
 get_current = _context.get_current
 
 
@@ -28,6 +30,6 @@ def span_context(ctx: Any, step: tuple | None = None) -> Any:
     if ctx is None:
         return None
     sc = _trace.get_current_span(ctx).get_span_context()
-    if not sc.is_valid or (step is not None and sc.span_id == step[2] and sc.trace_id == step[1]):
+    if not sc.is_valid or (step is not None and sc.span_id == step[S.SPAN] and sc.trace_id == step[S.TRACE]):
         return None
     return sc

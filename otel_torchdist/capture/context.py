@@ -22,6 +22,7 @@ from .record import BWD as _BWD
 from .record import CTX as _CTX
 from .record import STEPCTX as _STEPCTX
 from .record import TLS
+from .step_context import SAMPLED as _SAMPLED
 
 FRAMEWORK = 0
 MODULE = 1
@@ -105,7 +106,7 @@ def on_stack(rec: list) -> None:
     is walked per collective up to the nearest module call, a few frames (the whole stack once per module, to
     name it)."""
     step = rec[_STEPCTX]
-    if step is None or not step[3]:
+    if step is None or not step[_SAMPLED]:
         return
     ctx = rec[_CTX]
     if ctx is None or ctx[MODULE] is None:

@@ -34,6 +34,7 @@ from .. import health
 from .. import names as n
 from . import context, groups
 from . import record as R
+from . import step_context as S
 
 _log = logging.getLogger("otel_torchdist")
 SOURCE = "ddp_reducer"
@@ -48,6 +49,7 @@ _UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
 # the message is the backend's own.
 _ERROR_TYPE = "RuntimeError"
 _RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
+_SERIAL = S.SERIAL
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
 
 # The loaded native module while instrumented with it, else None.
@@ -86,7 +88,7 @@ def activate(mode: str, capacity: int) -> None:
         mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
         mod.take_dropped()
         slots = memoryview(mod.slots()).cast("q")
-        slots[0] = R.STEP[0][0] + 1 if R.STEP[0] is not None else 0
+        slots[0] = R.STEP[0][S.SERIAL] + 1 if R.STEP[0] is not None else 0
     except Exception as exc:
         health.error("native", "the native part could not be set up; DDP is captured through its comm hook", exc)
         return
@@ -196,7 +198,7 @@ def _step_context(serial: int, tracker: Any) -> tuple | None:
     keeps the last 4096 in R.RECENT_STEPS): a step further back than that has ended long ago, and its
     collectives are recorded outside any step."""
     ctx = _RECENT[serial & _RECENT_MASK]
-    return ctx if ctx is not None and ctx[0] == serial else None
+    return ctx if ctx is not None and ctx[_SERIAL] == serial else None
 
 
 def _bucket_context(owner: int, index: int, nbytes: int, last: bool) -> tuple:
@@ -221,7 +223,7 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
     step = e[E_STEP] - 1  # the slot holds the step's serial + 1; 0 outside steps
     if step >= 0:
         ctx = _RECENT[step & _RECENT_MASK]
-        if ctx is None or ctx[0] != step:
+        if ctx is None or ctx[_SERIAL] != step:
             ctx = _step_context(step, tracker)
     else:
         ctx = None

@@ -13,8 +13,10 @@ from typing import Any
 
 from ..ids import new_span_id, new_trace_id
 from . import record as R
+from . import step_context as S
 from .caller import get_current as _get_current
 from .caller import span_context
+from .context import PARENT_SPAN, PARENT_TRACE
 
 BUILD = R.reserve("framework_span")  # drain/framework_spans.py's build
 
@@ -27,7 +29,7 @@ def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
     """Whether a span opened under this context would be dropped at the drain, so need not be made: no
     span of the caller's and no framework span above it, in a training step that is not traced (the drain
     decides alike, Pipeline.parent_of)."""
-    return user is None and (fw is None or fw[3] is None) and step is not None and not step[3]
+    return user is None and (fw is None or fw[PARENT_TRACE] is None) and step is not None and not step[S.SAMPLED]
 
 
 def open_span(snap: tuple) -> tuple[int, int, int | None]:
@@ -36,10 +38,10 @@ def open_span(snap: tuple) -> tuple[int, int, int | None]:
     ctx = span_context(user, step)
     if ctx is not None:
         return ctx.trace_id, new_span_id(), ctx.span_id
-    if fw is not None and fw[3] is not None:
-        return fw[3], new_span_id(), fw[4]
+    if fw is not None and fw[PARENT_TRACE] is not None:
+        return fw[PARENT_TRACE], new_span_id(), fw[PARENT_SPAN]
     if step is not None:
-        return step[1], new_span_id(), step[2]
+        return step[S.TRACE], new_span_id(), step[S.SPAN]
     return new_trace_id(), new_span_id(), None
 
 

@@ -16,6 +16,7 @@ import torch
 from ..patching import Patch
 from . import context
 from . import record as R
+from . import step_context as S
 from .c10d import _is_compiling
 
 _STEP = R.STEP
@@ -44,7 +45,7 @@ def _wrap_apply(orig: Any) -> Any:
     def apply(cls, *args, **kwargs):
         out = func(cls, *args, **kwargs)
         step = _STEP[0]
-        if step is not None and step[3] and not _is_compiling():
+        if step is not None and step[S.SAMPLED] and not _is_compiling():
             try:
                 _mark(out)
             except Exception:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from .. import names as n
 from ..capture import record as R
+from ..capture import step_context as S
 from ..ids import new_span_id, new_trace_id
 from ..telemetry import SpanData
 from .framework_metrics import apply
@@ -21,15 +22,16 @@ def build(pipeline, name, t_start, t_end, attributes, snap, opened, error, event
     else:
         trace_id, span_id, parent = opened
         sampled = pipeline.sampled(trace_id, *snap)
-    step = snap[2]
+    _caller, _framework, step = snap  # capture/framework_spans.snapshot
     if not sampled:
         if name != n.SPAN_WARNING:
             return
         trace_id, span_id, parent = new_trace_id(), new_span_id(), None  # a warning is never sampled away
     elif step is not None and name != n.SPAN_WARNING:
-        stats = pipeline.step_stats.get(step[0])
-        if stats is None and step[0] > pipeline.last_closed_step:
-            stats = pipeline.open_step_stats(step[0])
+        serial = step[S.SERIAL]
+        stats = pipeline.step_stats.get(serial)
+        if stats is None and serial > pipeline.last_closed_step:
+            stats = pipeline.open_step_stats(serial)
         if stats is not None and not pipeline.admit(stats, step, span_id, parent):
             return
     if callable(attributes):  # described only when sampled

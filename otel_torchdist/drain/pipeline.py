@@ -22,8 +22,11 @@ from typing import Any
 from .. import bandwidth as bw
 from .. import health
 from .. import names as n
-from ..capture import ddp_native, groups, record
+from ..capture import ddp_native, groups
 from ..capture import record as R
+from ..capture import step_context as S
+from ..capture.context import PARENT_SPAN as _PARENT_SPAN
+from ..capture.context import PARENT_TRACE as _PARENT_TRACE
 from ..capture.caller import span_context
 from ..config import Config
 from ..ids import new_trace_id
@@ -44,6 +47,7 @@ _BY_ID = groups.BY_ID
 _GROUP, _GPU_NS, _T_START, _T_END, _NBYTES, _KIND = R.GROUP, R.GPU_NS, R.T_START, R.T_END, R.NBYTES, R.KIND
 _STEPCTX, _PARENT, _CTX, _OP, _ERROR, _SEQ, _END = R.STEPCTX, R.PARENT, R.CTX, R.OP, R.ERROR, R.SEQ, R.END
 _END_UNFINISHED = n.END_UNFINISHED
+_SERIAL, _TRACE, _SPAN, _SAMPLED = S.SERIAL, S.TRACE, S.SPAN, S.SAMPLED
 _bus_factors = bw.FACTORS
 _INTERVALS_CAP = Intervals.CAP
 
@@ -128,8 +132,8 @@ class Pipeline:
     def drain(self, force: bool = False) -> int:
         """Process what the training threads queued. ``force``: also what the native capture holds back
         (a backward's buckets whose backward may not be over: at stop)."""
-        q = record.QUEUE
-        deferred = record.DEFERRED
+        q = R.QUEUE
+        deferred = R.DEFERRED
         count = 0
         with self._drain_lock:
             self.outbox.room_until = None
@@ -241,16 +245,16 @@ class Pipeline:
             factor = _bus_factors[(kind, size)] = bw.bus_factor(kind, size) if size > 0 else 0.0
         step = rec[_STEPCTX]
         fw = rec[_CTX]
-        if rec[_PARENT] is None and (fw is None or fw[3] is None) and step is not None:
+        if rec[_PARENT] is None and (fw is None or fw[_PARENT_TRACE] is None) and step is not None:
             # parent_of's answer without the call: no span of the caller's, none of a framework's
-            trace_id, parent_span_id, sampled = step[1], step[2], step[3]
+            trace_id, parent_span_id, sampled = step[_TRACE], step[_SPAN], step[_SAMPLED]
         else:
             trace_id, parent_span_id, sampled = self.parent_of(rec[_PARENT], rec[_CTX], step)
         stats = None
         if step is not None:
-            stats = self.step_stats.get(step[0])
+            stats = self.step_stats.get(step[_SERIAL])
             if stats is None:
-                stats = self.open_step_stats(step[0])
+                stats = self.open_step_stats(step[_SERIAL])
             tail = stats.intervals.tail  # Intervals.append, inlined
             tail.append((t0, t1))
             if len(tail) >= _INTERVALS_CAP:
@@ -262,7 +266,7 @@ class Pipeline:
             outbox = self.outbox
             if (queued := outbox.queued_spans()) < self.cfg.span_queue_size or outbox.room():
                 outlived = None
-                if fw is not None and parent_span_id == fw[4] and step is not None and trace_id == step[1]:
+                if fw is not None and step is not None and parent_span_id == fw[_PARENT_SPAN] and trace_id == step[_TRACE]:
                     # An async collective the framework call issued and left in flight (DTensor's redistribute
                     # returns before its all-reduce completes) would be drawn past its parent's end: a parent
                     # not built yet is stretched over it; under one already out, it hangs from the training
@@ -276,7 +280,7 @@ class Pipeline:
                                 ends.clear()
                             ends[parent_span_id] = child_end
                     elif child_end > end:
-                        outlived, parent_span_id = parent_span_id, step[2]
+                        outlived, parent_span_id = parent_span_id, step[_SPAN]
                 span = collective_span(rec, gi, seconds, self.offset_ns, trace_id, parent_span_id, True)
                 if outlived is not None:
                     span.links = ((trace_id, outlived, ()),)
@@ -334,7 +338,7 @@ class Pipeline:
                 )
             return False
         stats.spans += 1
-        if parent is not None and parent != step[2]:  # the step's own span is never capped
+        if parent is not None and parent != step[_SPAN]:  # the step's own span is never capped
             stats.parents.add(parent)
         return True
 
@@ -347,10 +351,10 @@ class Pipeline:
         ctx = span_context(user, step)
         if ctx is not None:
             return ctx.trace_id, ctx.span_id, self.sampler.decide(ctx.trace_id, bool(ctx.trace_flags.sampled))
-        if fw is not None and fw[3] is not None:
-            return fw[3], fw[4], self.sampled(fw[3], None, fw, step)
+        if fw is not None and fw[_PARENT_TRACE] is not None:
+            return fw[_PARENT_TRACE], fw[_PARENT_SPAN], self.sampled(fw[_PARENT_TRACE], None, fw, step)
         if step is not None:
-            return step[1], step[2], step[3]
+            return step[_TRACE], step[_SPAN], step[_SAMPLED]
         trace_id = new_trace_id()
         return trace_id, None, self.sampler.decide(trace_id, None)
 
@@ -359,8 +363,8 @@ class Pipeline:
         ctx = span_context(user, step)
         if ctx is not None and ctx.trace_id == trace_id:
             return self.sampler.decide(trace_id, bool(ctx.trace_flags.sampled))
-        if step is not None and step[1] == trace_id:
-            return step[3]
+        if step is not None and step[_TRACE] == trace_id:
+            return step[_SAMPLED]
         return self.sampler.decide(trace_id, None)
 
     def metric_data(self) -> list[MetricData]:

@@ -7,6 +7,7 @@ from typing import Any
 from .. import bandwidth as bw
 from .. import names as n
 from ..capture import record as R
+from ..capture.context import EXTRAS, FRAMEWORK, MODULE, PARENT_TRACE, PHASE
 from ..ids import getrandbits
 from ..telemetry import Block, SpanData
 
@@ -141,8 +142,9 @@ def site_block(rec: tuple, gi: Any) -> Block:
     extra = rec[R.EXTRA]
     block = key = None
     if not (extra and "wait_ns" in extra):
-        # Every field static_attributes reads; not the context's parent ids, which change every step.
-        key = (rec[:4], rec[7:18], extra, rec[R.BWD], ctx and (ctx[0], ctx[1], ctx[2], ctx[5]))
+        # Every field static_attributes reads (not SEQ and the times); not the context's parent ids, which change
+        # every step.
+        key = (rec[: R.SEQ], rec[R.NBYTES : R.PARENT], extra, rec[R.BWD], ctx and (ctx[:PARENT_TRACE], ctx[EXTRAS]))
         try:
             block = _sites.get(key)
         except TypeError:  # an unhashable value in the record: build it every time
@@ -161,20 +163,21 @@ _FRAMEWORK_OF_SOURCE = {"funcol": "funcol", "deep": "compiled"}
 
 def phase_of(rec: tuple) -> str:
     ctx = rec[R.CTX]
-    if ctx is not None and ctx[2]:
-        return ctx[2]
+    if ctx is not None and ctx[PHASE]:
+        return ctx[PHASE]
     return "backward" if rec[R.BWD] else "other"
 
 
 def source_attributes(rec: tuple) -> list[tuple[str, Any]]:
     """Where the collective came from: framework, module, phase, and the framework's own facts."""
     ctx = rec[R.CTX]
-    framework = ctx[0] if ctx is not None and ctx[0] else _FRAMEWORK_OF_SOURCE.get(rec[R.SOURCE], "c10d")
+    framework = ctx[FRAMEWORK] if ctx is not None else None
+    framework = framework or _FRAMEWORK_OF_SOURCE.get(rec[R.SOURCE], "c10d")
     out = [(n.COLL_FRAMEWORK, framework), (n.COLL_PHASE, phase_of(rec))]
     if ctx is not None:
-        if ctx[1]:
-            out.append((n.COLL_MODULE, ctx[1]))
-        extras = ctx[5]
+        if ctx[MODULE]:
+            out.append((n.COLL_MODULE, ctx[MODULE]))
+        extras = ctx[EXTRAS]
         for i in range(0, len(extras), 2):
             out.append((extras[i], extras[i + 1]))
     return out

@@ -10,6 +10,7 @@ from typing import Any
 from .. import callbacks
 from .. import names as n
 from ..capture import record as R
+from ..capture import step_context as S
 from ..ids import new_span_id, new_trace_id
 from ..steps import USER_KEYS, StepTracker
 from ..telemetry import SpanData
@@ -23,7 +24,7 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
     # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
     tracker.prepare_ids()
-    serial, sampled, index = ctx[0], ctx[3], ctx[7]
+    serial, sampled, index = ctx[S.SERIAL], ctx[S.SAMPLED], ctx[S.INDEX]
     stats = pipeline.step_stats.pop(serial, None) or StepStats()
     if serial > pipeline.last_closed_step:
         pipeline.last_closed_step = serial
@@ -88,17 +89,16 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
 
 def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:
     """A closed step, for its spans and its slow-step warning (only those steps pay for the dict)."""
-    serial, trace, rank_span, sampled, root, parent, shared, index, occurrence = ctx
     return {
-        "index": index,
-        "serial": serial,
-        "occurrence": occurrence,
-        "trace": trace,
-        "rank_span": rank_span,
-        "sampled": sampled,
-        "root": root,
-        "parent": parent,
-        "shared": shared,
+        "index": ctx[S.INDEX],
+        "serial": ctx[S.SERIAL],
+        "occurrence": ctx[S.OCCURRENCE],
+        "trace": ctx[S.TRACE],
+        "rank_span": ctx[S.SPAN],
+        "sampled": ctx[S.SAMPLED],
+        "root": ctx[S.ROOT],
+        "parent": ctx[S.PARENT],
+        "shared": ctx[S.SHARED],
         "t_start": t0,
         "t_end": t1,
         "source": source,

@@ -29,6 +29,7 @@ from .. import callbacks, health
 from .. import names as n
 from ..capture import completion, ddp_native, funcol, groups
 from ..capture import record as R
+from ..capture import step_context as S
 from ..ids import new_span_id, new_trace_id
 from ..telemetry import MetricData, NumberPoint, SpanData
 
@@ -139,8 +140,8 @@ class Watchdog:
         pipeline = self.rt.pipeline
         pipeline.framework.add(n.COLLECTIVE_HANGS, (rec[R.OP], gi.label), 1)
         step = rec[R.STEPCTX]
-        trace = step[1] if step is not None else new_trace_id()
-        parent = step[2] if step is not None else None
+        trace = step[S.TRACE] if step is not None else new_trace_id()
+        parent = step[S.SPAN] if step is not None else None
         off = pipeline.offset_ns
         attrs = [
             (n.COLL_OP, rec[R.OP]),
