@@ -143,7 +143,6 @@ def main(argv: list[str] | None = None) -> int:
 
     import otel_torchdist
     from otel_torchdist import runtime
-    from otel_torchdist.capture import record
 
     torch.set_num_threads(1)
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=8)

@@ -142,7 +142,6 @@ def _worker(spec: dict) -> dict:
 
     import otel_torchdist
     from otel_torchdist import names as n
-    from otel_torchdist.export import prometheus_names
     from otel_torchdist import runtime
     from otel_torchdist.export import otlp
     from otel_torchdist.export.sinks import GZIP_LEVEL  # what goes on the wire
@@ -731,7 +730,6 @@ def job_spans_per_step(job: str, world: int, res: dict[str, dict]) -> tuple[floa
 
 def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     from otel_torchdist import names as n
-    from otel_torchdist.export import prometheus_names
 
     main = res["3d"]
     print(f"# machine: {_machine()}")
@@ -846,8 +844,6 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     print(f"  and its own resource: torchdist.rank={off['resource_rank']}, service.instance.id={off['resource_instance']}")
     print(f"system_metrics=False    : {series(nosys)} series ({series(nosys) - base:+d}: "
           + ", ".join(f for f in main["scrape"]["families"] if f not in nosys["scrape"]["families"]) + ")")
-    from otel_torchdist import names as n
-    from otel_torchdist.export import prometheus_names
 
     coarse = res["coarse-buckets"]
     print(f"histogram_buckets={','.join(f'{b:g}' for b in COARSE)}: {series(coarse)} series ({series(coarse) - base:+d}; "
@@ -956,10 +952,10 @@ def report_live(live: dict | None, res: dict[str, dict]) -> None:
     node_run = live.get("live-node")
     if node_run:
         print()
-        print(f"the same job with metrics_aggregation=\"node\" (ranks 0-1 node-a, 2-3 node-b; LOCAL_RANK 0 exports):")
+        print("the same job with metrics_aggregation=\"node\" (ranks 0-1 node-a, 2-3 node-b; LOCAL_RANK 0 exports):")
         print(f"targets: {node_run['targets']:g}; series in Prometheus: {node_run['all']:g} ({node_run['torchdist']:g} torchdist_* + "
               f"{node_run['all'] - node_run['torchdist']:g} per-target series); label names: {', '.join(node_run['labels'])}")
-        print(f"sum by (host, op) (torchdist_collective_calls_total{{run=\"live-node\"}}):")
+        print("sum by (host, op) (torchdist_collective_calls_total{run=\"live-node\"}):")
         for host, op, value in node_run["calls_by_host"]:
             print(f"  host={host} op={op} {value:g}")
 

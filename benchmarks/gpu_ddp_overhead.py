@@ -114,12 +114,9 @@ def _variant(rank: int, port: int, folder: str, queue) -> None:
 
         if variant == "instrumented_no_hook":
             groups._completion_attachers.clear()  # this process only: the NCCL hook is never attached
-        if variant == "instrumented_no_ddp":
-            import otel_torchdist.runtime as runtime
-
-            captures = runtime._framework_captures
-            runtime._framework_captures = lambda: tuple(c for c in captures() if c[0] != "DDP")
         extra = {"drain_interval": 60.0} if variant == "instrumented_slow_drain" else {}
+        if variant == "instrumented_no_ddp":
+            extra = {"disabled_captures": ("ddp",)}
         otel_torchdist.instrument(run_dir=folder, run_id=f"{variant}-{kind}", summary="none", **extra)
     _init("nccl", 0, 1, port)
     if variant == "plain_timing":

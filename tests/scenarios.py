@@ -257,7 +257,6 @@ def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 def export_otlp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """A few collectives exported over OTLP; rank r uses ``args["endpoints"][r]`` = [endpoint, protocol] or
     [endpoint, protocol, compression]."""
-    from opentelemetry import trace
     from opentelemetry.sdk.trace import TracerProvider
 
     import otel_torchdist

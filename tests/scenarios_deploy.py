@@ -390,7 +390,6 @@ class GpuStandIn:
         }[short]
 
     def render(self) -> str:
-        from otel_torchdist import names
 
         t = time.monotonic() - self.t0
         lines = []

@@ -70,6 +70,7 @@ def test_keyword_options_win_and_mappings_merge():
         ("OTEL_TORCHDIST_SYSTEM_INTERVAL_MS", "1e13"),
         ("OTEL_TORCHDIST_HISTOGRAM_BUCKETS", "0.1,,0.2"),
         ("OTEL_TORCHDIST_PROMETHEUS", "perhaps"),
+        ("OTEL_TORCHDIST_DISABLED_CAPTURES", "ddp,optimizer"),  # the optimizer's steps close training steps
     ],
 )
 def test_bad_variable_raises_value_error_naming_it(var, value):
@@ -297,3 +298,11 @@ def test_headers_that_requests_can_carry_are_kept():
 @pytest.mark.parametrize("raw,expected", [("268435456", 256 << 20), ("256MiB", 256 << 20), ("1GB", 10**9), ("64 kib", 65536), ("0", 0)])
 def test_file_size_limit_takes_a_unit(raw, expected):
     assert config.load({}, environ={"OTEL_TORCHDIST_FILE_MAX_BYTES": raw}).file_max_bytes == expected
+
+
+def test_disabled_captures_by_variable_or_option():
+    assert config.load({}, environ={"OTEL_TORCHDIST_DISABLED_CAPTURES": "DDP, fsdp"}).disabled_captures == ("ddp", "fsdp")
+    assert config.load({"disabled_captures": "dtensor"}, environ={}).disabled_captures == ("dtensor",)
+    assert config.load({}, environ={}).disabled_captures == ()
+    with pytest.raises(ValueError, match="disabled_captures"):
+        config.load({"disabled_captures": ("ddp", "steps")}, environ={})

@@ -120,7 +120,6 @@ def test_collectives_dashboard_compares_busbw_with_a_link_peak_variable():
 
 
 def test_every_series_is_in_the_frozen_schema_or_a_recording_rule():
-    from otel_torchdist import names
 
     known = prometheus_names.prometheus_series_names()
     recorded = set(sd.recording_rules())

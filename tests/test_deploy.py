@@ -277,7 +277,6 @@ def test_dropped_telemetry_alert_leaves_out_exactly_the_limits_the_user_set():
 
 
 def test_every_rule_uses_schema_names_and_run_rank_labels():
-    from otel_torchdist import names
 
     known = prometheus_names.prometheus_series_names()
     for case in sd.rule_exprs():

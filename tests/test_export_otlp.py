@@ -11,7 +11,6 @@ import base64
 import http.client
 import http.server
 import json
-import os
 import threading
 import time
 import urllib.parse

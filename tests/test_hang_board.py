@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-import pytest
 
 from otel_torchdist.drain import hang_board
 from otel_torchdist import names as n

@@ -85,6 +85,25 @@ def test_without_a_build_ddp_takes_the_comm_hook_and_says_how_to_spare_it(tmp_pa
     assert [line for line in lines if "otel-torchdist build-native" in line]
 
 
+def test_a_disabled_ddp_capture_leaves_ddp_alone(gloo_alone, instrumented):
+    """``disabled_captures=("ddp",)``: no native group, no comm hook, no DDP span; the rest is recorded."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist.capture import ddp as ddp_capture
+    from otel_torchdist.capture import ddp_native
+
+    folder = instrumented(run_id="no-ddp", disabled_captures=("ddp",))
+    model = DDP(_mlp())
+    assert not ddp_native.is_attached(model) and model not in ddp_capture._state
+    assert not model._get_ddp_logging_data().get("comm_hook")
+    _train(model, 3)
+    otel_torchdist.uninstrument()
+    names = [s["name"] for s in read_spans(os.path.join(folder, "traces.rank0.jsonl"))]
+    assert n.SPAN_DDP_INIT not in names and "all_reduce" not in names
+    assert names.count(n.SPAN_OPTIMIZER_STEP) == 3 and n.SPAN_RANK_STEP in names
+
+
 # ----------------------------------------------------------------------------------- in one process
 def test_attached_while_instrumented_and_given_back_after(native_built, gloo_alone, instrumented):
     from torch.nn.parallel import DistributedDataParallel as DDP

@@ -35,6 +35,7 @@ from .environment import (
 )
 from .values import (
     AGGREGATIONS,
+    CAPTURES,
     COMPRESSIONS,
     EXPORTER_GROUPS,
     LOG_LEVELS,
@@ -223,6 +224,15 @@ class Config:
     at ``instrument()`` when missing (about a minute; needs a C++ compiler and ninja). ``off``: the comm
     hook and Python always. Env: ``OTEL_TORCHDIST_NATIVE``."""
 
+    disabled_captures: tuple[str, ...] = ()
+    """Framework captures to leave out, by name: ``ddp`` (DDP's gradient buckets, its construction span and
+    statistics), ``fsdp``, ``funcol`` (functional collectives: DTensor's and tensor parallel's), ``functions``
+    (custom autograd functions' modules), ``dtensor``, ``checkpoint`` (distributed checkpoint), ``backward``
+    (backward-pass phase spans), ``dataloader``. What a capture left out would record is not recorded at all:
+    DDP's buckets, issued by its reducer in C++, then appear nowhere. For a capture that costs a job more than
+    its telemetry is worth (on NCCL, the DDP capture's comm hook slows steps of about a millisecond:
+    docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``, comma-separated."""
+
     log_level: str = "WARNING"
     """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:
     ``OTEL_TORCHDIST_LOG_LEVEL``."""
@@ -391,6 +401,13 @@ class Config:
         values.number("slow_step_factor", self.slow_step_factor, 0.0, None)
         values.choice("compile_capture", self.compile_capture, ("off", "sampled"))
         values.choice("native", self.native, NATIVE_MODES)
+        if isinstance(self.disabled_captures, str):
+            self.disabled_captures = split_list(self.disabled_captures)
+        if not isinstance(self.disabled_captures, (tuple, list)):
+            raise OptionError("disabled_captures", f"must be a list of capture names, got {self.disabled_captures!r}")
+        for item in self.disabled_captures:
+            values.choice("disabled_captures", item, CAPTURES)
+        self.disabled_captures = tuple(self.disabled_captures)
         values.choice("log_level", self.log_level, LOG_LEVELS)
         values.number("traces_sampler_arg", self.traces_sampler_arg, 0.0, 1.0)
         for name in ("endpoint", "traces_endpoint", "metrics_endpoint"):

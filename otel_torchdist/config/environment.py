@@ -14,6 +14,7 @@ from typing import Any
 from . import values
 from .values import (
     AGGREGATIONS,
+    CAPTURES,
     COMPRESSIONS,
     EXPORTER_GROUPS,
     LOG_LEVELS,
@@ -325,6 +326,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "WARN_SLOW_STEP_FACTOR", "slow_step_factor", _parse_float),
     (PREFIX + "COMPILE_CAPTURE", "compile_capture", _parse_choice(("off", "sampled"))),
     (PREFIX + "NATIVE", "native", _parse_choice(NATIVE_MODES)),
+    (PREFIX + "DISABLED_CAPTURES", "disabled_captures", _parse_choice_list(CAPTURES)),
     (PREFIX + "LOG_LEVEL", "log_level", lambda raw: _parse_choice(tuple(x.lower() for x in LOG_LEVELS))(raw).upper()),
     (PREFIX + "SYSTEM_METRICS", "system_metrics", _parse_bool),
     (PREFIX + "RUN_FOLDER_COPY", "run_folder_copy", _parse_bool),

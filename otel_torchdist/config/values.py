@@ -33,6 +33,9 @@ SAMPLERS = (
 SUMMARY_MODES = ("rank0", "all", "none")
 AGGREGATIONS = ("rank", "node")
 NATIVE_MODES = ("auto", "off", "build")
+# The framework captures a program may leave out (runtime._framework_captures names them alike). Not the
+# torch.distributed calls, nor the optimizer, whose steps close training steps.
+CAPTURES = ("ddp", "fsdp", "funcol", "functions", "dtensor", "checkpoint", "backward", "dataloader")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 

@@ -43,14 +43,14 @@ _log = logging.getLogger("otel_torchdist")
 def _framework_captures():
     """(name, capture module, the module whose import it waits for: None = install at once)."""
     return (
-        ("DDP", ddp, None),
-        ("FSDP", fsdp, "torch.distributed.fsdp"),
-        ("functional collectives", funcol, None),
-        ("autograd functions", functions, None),
-        ("DTensor", dtensor, "torch.distributed.tensor"),
-        ("distributed checkpoint", checkpoint, "torch.distributed.checkpoint"),
-        ("steps", steps, None),
-        ("DataLoader", dataloader_capture, None),
+        ("ddp", ddp, None),
+        ("fsdp", fsdp, "torch.distributed.fsdp"),
+        ("funcol", funcol, None),
+        ("functions", functions, None),
+        ("dtensor", dtensor, "torch.distributed.tensor"),
+        ("checkpoint", checkpoint, "torch.distributed.checkpoint"),
+        ("backward", steps, None),
+        ("dataloader", dataloader_capture, None),
     )
 
 
@@ -90,6 +90,8 @@ class Runtime:
         # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
         # FSDP, DTensor and checkpoint cost a second of imports: installed when the program imports them.
         for name, module, trigger in _framework_captures():
+            if name in self.cfg.disabled_captures:
+                continue
             add = functools.partial(self._install_capture, name, module)
             if trigger is None:
                 add()
@@ -121,12 +123,15 @@ class Runtime:
                 self.pipeline.use_native(ddp_native.module())
             except Exception as exc:
                 health.error("native", "the native metric fold could not be set up; records are folded in Python", exc)
+        disabled = self.cfg.disabled_captures
         try:
-            ddp.adopt_existing()
+            if "ddp" not in disabled:
+                ddp.adopt_existing()
         except Exception as exc:
             health.error("ddp", "could not adopt DDP models built before instrument()", exc)
         try:
-            dtensor.adopt_existing()
+            if "dtensor" not in disabled:
+                dtensor.adopt_existing()
         except Exception as exc:
             health.error("sharding", "could not adopt models parallelized before instrument()", exc)
 
