@@ -228,9 +228,10 @@ class Config:
     """Framework captures to leave out, by name: ``ddp`` (DDP's gradient buckets, its construction span and
     statistics), ``fsdp``, ``funcol`` (functional collectives: DTensor's and tensor parallel's), ``functions``
     (custom autograd functions' modules), ``dtensor``, ``checkpoint`` (distributed checkpoint), ``backward``
-    (backward-pass phase spans), ``dataloader``. What a capture left out would record is not recorded at all:
-    DDP's buckets, issued by its reducer in C++, then appear nowhere. For a capture that costs a job more than
-    its telemetry is worth (on NCCL, the DDP capture's comm hook slows steps of about a millisecond:
+    (backward-pass phase spans), ``dataloader``. What only that capture sees is lost: DDP's buckets, which its
+    reducer issues in C++, and functional collectives go unrecorded; FSDP's and DTensor's collectives, which
+    go through ``torch.distributed``, are still recorded, without their unit or sharding span. For a capture
+    that costs a job more than its telemetry is worth (on NCCL, the DDP capture's comm hook slows steps of about a millisecond:
     docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``, comma-separated."""
 
     log_level: str = "WARNING"
