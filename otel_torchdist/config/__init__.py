@@ -229,8 +229,9 @@ class Config:
     statistics), ``fsdp``, ``funcol`` (functional collectives: DTensor's and tensor parallel's), ``functions``
     (custom autograd functions' modules), ``dtensor``, ``checkpoint`` (distributed checkpoint), ``backward``
     (backward-pass phase spans), ``dataloader``. What only that capture sees is lost: DDP's buckets, which its
-    reducer issues in C++, and functional collectives go unrecorded; FSDP's and DTensor's collectives, which
-    go through ``torch.distributed``, are still recorded, without their unit or sharding span. For a capture
+    reducer issues in C++, and functional collectives go unrecorded; FSDP's collectives (``torch.distributed``
+    calls) are still recorded without their unit, DTensor's (functional collectives) without their sharding
+    span. For a capture
     that costs a job more than its telemetry is worth (on NCCL, the DDP capture's comm hook slows steps of about a millisecond:
     docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``, comma-separated."""
 
