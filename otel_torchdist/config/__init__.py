@@ -231,9 +231,9 @@ class Config:
     (backward-pass phase spans), ``dataloader``. What only that capture sees is lost: DDP's buckets, which its
     reducer issues in C++, and functional collectives go unrecorded; FSDP's collectives (``torch.distributed``
     calls) are still recorded without their unit, DTensor's (functional collectives) without their sharding
-    span. For a capture
-    that costs a job more than its telemetry is worth (on NCCL, the DDP capture's comm hook slows steps of about a millisecond:
-    docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``, comma-separated."""
+    span. For a capture that costs a job more than its telemetry is worth (on NCCL, the DDP capture's comm
+    hook slows steps of about a millisecond: docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``,
+    comma-separated."""
 
     log_level: str = "WARNING"
     """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:
