@@ -286,13 +286,13 @@ def test_a_failing_context_getter_hands_the_call_to_python(hot, monkeypatch):
     def failing():
         raise RuntimeError("no context here")
 
-    monkeypatch.setattr(caller, "get_current", failing)  # what activate() hands the native part
+    monkeypatch.setattr(caller, "get_current", failing)  # what activate() hands the native part...
     native_hot.activate(ddp_native.module())
+    monkeypatch.undo()  # ...while the Python body reads caller's at the call
     try:
         rec, in_python, result = _call(dist.all_reduce, torch.ones(4))
         assert result is None and in_python and rec[R.NUMEL] == 4 and R.TLS.outer is None
     finally:
-        monkeypatch.undo()
         native_hot.activate(ddp_native.module())
     _, in_python, _ = _call(dist.all_reduce, torch.ones(4))
     assert not in_python

@@ -450,6 +450,19 @@ def test_span_times_keep_one_clock_offset(fake_pg, instrumented):
     otel_torchdist.uninstrument()
 
 
+def test_the_clock_offset_is_read_where_the_reads_are_closest(monkeypatch):
+    """A thread switched out between the monotonic and the wall-clock read would shift every span by the time
+    it was away: the offset comes from the try whose two monotonic reads enclose the wall-clock one most
+    tightly, at their midpoint."""
+    from otel_torchdist.drain import pipeline
+
+    # tries of (before, wall, after): the first stalled 3 ms after its first read, the second is tight
+    reads = iter([1_000, 3_001_000, 3_001_100, 5_000_000, 5_000_500_000, 5_000_040] + [9_000_000, 9_000_900_000, 9_000_500] * 3)
+    monkeypatch.setattr(pipeline, "perf_counter_ns", lambda: next(reads))
+    monkeypatch.setattr(pipeline, "time_ns", lambda: next(reads))
+    assert pipeline.wall_offset_ns() == 5_000_500_000 - 5_000_020
+
+
 def test_a_new_optimizer_taking_over_is_warm_up_not_slow(fake_pg, instrumented):
     """A second training phase with its own optimizer (the first still referenced): the step in which it
     takes over holds the phase's set-up and is not called slow."""

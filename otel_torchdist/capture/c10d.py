@@ -77,8 +77,7 @@ SOURCE_PG = "process_group"
 SOURCE_COALESCING = "coalescing_manager"
 
 
-_get_current = caller.get_current  # the caller's OpenTelemetry Context (capture.caller), in one call
-_parent_span = caller.current
+_parent_span = caller.current  # the caller's OpenTelemetry Context (capture/caller.py), or None
 
 
 def _in_coalescing(group: Any) -> bool:
@@ -135,7 +134,7 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
             return [
                 op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
                 x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
-                None, None, _get_current() or None, None, None, False,
+                None, None, caller.get_current() or None, None, None, False,
                 TLS.ctx, _graph_task_id() != -1, _STEP[0],
             ]  # fmt: skip
         rec = _new(op, kind, SOURCE_C10D, gi.gid)

@@ -1,35 +1,33 @@
 """The caller's OpenTelemetry context: taken on the training thread as it is, resolved off it.
 
-A record keeps the caller's current ``Context`` (``opentelemetry.context.get_current()``, one call), or None
-when that context is empty, as it is in a loop with no span of its own: the drain resolves it into the span
-context a span's parent comes from. Only public OpenTelemetry APIs, and nothing but a reference on the
-training thread.
+A record keeps the caller's current ``Context``, or None when that context is empty, as it is in a loop with
+no span of its own: the drain resolves it into the span context a span's parent comes from. Capture knows no
+OpenTelemetry: the export side puts its two functions here when instrumentation starts (:func:`install`,
+``export/caller_context.py``: OpenTelemetry's ``context.get_current()`` and the resolution), and until then
+there is no caller's context. Read ``caller.get_current`` at the call, not bound at import, so the installed
+one is the one called.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
-from opentelemetry import context as _context
-from opentelemetry import trace as _trace
 
-from . import step_context as S
+def _none(*_: Any) -> None:
+    return None
 
-get_current = _context.get_current
+
+get_current: Callable[[], Any] = _none  # the caller's current Context: one call, nothing resolved here
+span_context: Callable[..., Any] = _none  # (Context or None, step context or None) -> SpanContext or None
+
+
+def install(current: Callable[[], Any], resolve: Callable[..., Any]) -> None:
+    """The export side's ``get_current`` and ``span_context`` (see export/caller_context.py)."""
+    global get_current, span_context
+    get_current, span_context = current, resolve
 
 
 def current() -> Any:
     """The caller's current Context, or None when it holds nothing."""
     return get_current() or None
-
-
-def span_context(ctx: Any, step: tuple | None = None) -> Any:
-    """The valid SpanContext of the current span in ``ctx`` (a record's PARENT), or None; None too when it is
-    the rank's span of ``step`` itself (made current inside ``otel_torchdist.step()``): the step's own
-    context then applies, framework spans included."""
-    if ctx is None:
-        return None
-    sc = _trace.get_current_span(ctx).get_span_context()
-    if not sc.is_valid or (step is not None and sc.span_id == step[S.SPAN] and sc.trace_id == step[S.TRACE]):
-        return None
-    return sc

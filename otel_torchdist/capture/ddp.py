@@ -46,9 +46,8 @@ from .. import health
 from .. import names as n
 from ..patching import Patch
 from . import c10d as c10d_capture
-from . import completion, context, ddp_native, framework_spans, groups
+from . import caller, completion, context, ddp_native, framework_spans, groups
 from . import record as R
-from .caller import get_current as _get_current
 
 _graph_task_id = torch._C._current_graph_task_id
 _is_compiling = torch.compiler.is_compiling
@@ -135,7 +134,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         rec = facts.template.copy()
         rec[_BWD] = _graph_task_id() != -1
         rec[_STEPCTX] = _STEP[0]
-        rec[_PARENT] = _get_current() or None
+        rec[_PARENT] = caller.get_current() or None
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
         return _general(state, bucket)

@@ -12,17 +12,16 @@ from __future__ import annotations
 from typing import Any
 
 from ..ids import new_span_id, new_trace_id
+from . import caller
 from . import record as R
 from . import step_context as S
-from .caller import get_current as _get_current
-from .caller import span_context
 from .context import PARENT_SPAN, PARENT_TRACE
 
 BUILD = R.reserve("framework_span")  # drain/framework_spans.py's build
 
 
 def snapshot() -> tuple[Any, tuple | None, tuple | None]:
-    return _get_current() or None, R.TLS.ctx, R.STEP[0]
+    return caller.get_current() or None, R.TLS.ctx, R.STEP[0]
 
 
 def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
@@ -35,7 +34,7 @@ def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
 def open_span(snap: tuple) -> tuple[int, int, int | None]:
     """(trace id, span id, parent span id) for a span whose children are recorded before it ends."""
     user, fw, step = snap
-    ctx = span_context(user, step)
+    ctx = caller.span_context(user, step)
     if ctx is not None:
         return ctx.trace_id, new_span_id(), ctx.span_id
     if fw is not None and fw[PARENT_TRACE] is not None:

@@ -38,10 +38,10 @@ from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import groups
+from . import caller, groups
 from . import record as R
 from .context import on_stack
-from .c10d import _get_current, _is_compiling, _parent_span
+from .c10d import _is_compiling, _parent_span
 from .completion import _Join
 from .ops import describe
 
@@ -142,7 +142,7 @@ def _make_begin(name: str, funcol: Any, orig: Callable) -> Callable[[tuple, dict
         root = None if isrc is None else (None, args[isrc] if count > isrc else kwargs.get(src))
         if x.__class__ is _Tensor:  # the common case, one plain tensor
             nbytes = x.nbytes * gi.size if times_n else x.nbytes
-            parent = _get_current() or None
+            parent = caller.get_current() or None
             return _of_tensor(name, kind, SOURCE, gi.gid, x, nbytes, True, root, None, redop_value, parent)
         rec = R.new(name, kind, SOURCE, gi.gid)
         describe((x,), rec)

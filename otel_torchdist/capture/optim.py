@@ -18,9 +18,8 @@ from time import perf_counter_ns
 from typing import Any
 
 from .. import health
-from . import context, framework_spans
+from . import caller, context, framework_spans
 from . import record as R
-from .caller import get_current as _get_current
 
 _tls = threading.local()
 _handles: list[Any] = []
@@ -108,9 +107,9 @@ def _pre(optimizer, args, kwargs) -> None:
             st = _tls.running = _Running()
         # The frame that called the hook (torch's step wrapper) runs until the step ends: a step that finds
         # one open outside its own stack knows that step raised, so its post hook never ran.
-        caller = _getframe(1)
+        hook_frame = _getframe(1)
         if st.depth:
-            if _encloses(st.frame, caller.f_back):
+            if _encloses(st.frame, hook_frame.f_back):
                 st.depth += 1
                 if type(optimizer) is not type(st.optimizer):
                     st.inner = type(optimizer).__name__
@@ -118,7 +117,7 @@ def _pre(optimizer, args, kwargs) -> None:
             R.TLS.ctx = st.token
         st.depth = 1
         tls = R.TLS
-        user, fw, step = _get_current() or None, tls.ctx, R.STEP[0]
+        user, fw, step = caller.get_current() or None, tls.ctx, R.STEP[0]
         if framework_spans.untraced(user, fw, step):
             # Its optimizer.step span is never built, so it gets no id (the collectives the step issues fall
             # back to the training step as their parent, untraced as well).
@@ -127,7 +126,7 @@ def _pre(optimizer, args, kwargs) -> None:
             trace, span, parent = framework_spans.open_span((user, fw, step))
         base = fw or context.EMPTY
         tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
-        st.frame, st.token, st.optimizer, st.inner, st.user, st.step = caller, fw, optimizer, None, user, step
+        st.frame, st.token, st.optimizer, st.inner, st.user, st.step = hook_frame, fw, optimizer, None, user, step
         st.trace, st.span, st.parent = trace, span, parent
         if st.closures:
             st.closures = []

@@ -22,12 +22,11 @@ from typing import Any
 from .. import bandwidth as bw
 from .. import health
 from .. import names as n
-from ..capture import ddp_native, groups
+from ..capture import caller, ddp_native, groups
 from ..capture import record as R
 from ..capture import step_context as S
 from ..capture.context import PARENT_SPAN as _PARENT_SPAN
 from ..capture.context import PARENT_TRACE as _PARENT_TRACE
-from ..capture.caller import span_context
 from ..config import Config
 from ..ids import new_trace_id
 from ..telemetry import MetricData, SpanData
@@ -53,6 +52,21 @@ _INTERVALS_CAP = Intervals.CAP
 
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
+OFFSET_TRIES = 5
+
+
+def wall_offset_ns() -> int:
+    """``time_ns() - perf_counter_ns()``, from the try whose wall-clock read the two monotonic reads around it
+    enclose most tightly: a thread switched out between two bare reads (a busy host) shifted every span of the
+    process by the time it was away, up to OFFSET_STEP_NS for good."""
+    best_gap, offset = None, 0
+    for _ in range(OFFSET_TRIES):
+        before = perf_counter_ns()
+        wall = time_ns()
+        after = perf_counter_ns()
+        if best_gap is None or after - before < best_gap:
+            best_gap, offset = after - before, wall - (before + after) // 2
+    return offset
 DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
 STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
 STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
@@ -81,7 +95,7 @@ class Pipeline:
         self._opened = 0  # step stats opened so far (StepStats.opened)
         self.closed_opened = 0  # the latest StepStats.opened of a closed step
         self.step_tracker: Any = None  # the StepTracker whose steps' closes this drain runs (steps.py)
-        self.offset_ns = time_ns() - perf_counter_ns()
+        self.offset_ns = wall_offset_ns()
         self.processed = 0
         self._stop = threading.Event()
         self._drain_lock = threading.Lock()
@@ -140,7 +154,7 @@ class Pipeline:
             # The wall clock, from the monotonic one: kept unless the wall clock stepped (NTP, by more than
             # OFFSET_STEP_NS), since a fresh reading each drain moved it by a few hundred ns, and spans that
             # touch (one step ends as the next begins) came out overlapping.
-            offset = time_ns() - perf_counter_ns()
+            offset = wall_offset_ns()
             if abs(offset - self.offset_ns) > OFFSET_STEP_NS:
                 self.offset_ns = offset
             for _ in range(DRAIN_ROUNDS):
@@ -348,7 +362,7 @@ class Pipeline:
     def parent_of(self, user: Any, fw: tuple | None, step: tuple | None) -> tuple[int, int | None, bool]:
         """Trace, parent span and sampling: the caller's own OpenTelemetry span first, then the framework
         context's parent (an optimizer step), then the training step, else a new trace."""
-        ctx = span_context(user, step)
+        ctx = caller.span_context(user, step)
         if ctx is not None:
             return ctx.trace_id, ctx.span_id, self.sampler.decide(ctx.trace_id, bool(ctx.trace_flags.sampled))
         if fw is not None and fw[_PARENT_TRACE] is not None:
@@ -360,7 +374,7 @@ class Pipeline:
 
     def sampled(self, trace_id: int, user: Any, fw: tuple | None, step: tuple | None) -> bool:
         """Whether a span of ``trace_id`` opened under this context is kept (same rules as parent_of)."""
-        ctx = span_context(user, step)
+        ctx = caller.span_context(user, step)
         if ctx is not None and ctx.trace_id == trace_id:
             return self.sampler.decide(trace_id, bool(ctx.trace_flags.sampled))
         if step is not None and step[_TRACE] == trace_id:

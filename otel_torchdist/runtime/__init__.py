@@ -26,7 +26,7 @@ from ..capture import c10d, checkpoint, completion, context, ddp, ddp_native, dt
 from ..capture import dataloader as dataloader_capture
 from ..config import Config
 from ..drain.pipeline import Pipeline
-from ..export import otlp
+from ..export import caller_context, otlp
 from ..identity import Identity, resolve
 from ..patching import Patcher
 from . import report
@@ -78,6 +78,7 @@ class Runtime:
         logs.configure(self.cfg.log_level)
         self._check_run_dir()
         self._started = True
+        caller_context.install()  # the caller's OpenTelemetry context, for the captures to take
         record.set_limit(self.cfg.max_queued_records)
         # Dynamo's table of collectives it rewrites into functional ones is keyed by the c10d functions
         # found when funcol is first imported: import it before patching, so the keys are the originals

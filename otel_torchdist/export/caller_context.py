@@ -1,0 +1,32 @@
+"""What capture/caller.py takes from OpenTelemetry: the caller's current context on the training thread, and its
+resolution into the span a record's span hangs from, on the drain. Public OpenTelemetry APIs only."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from opentelemetry import context as _context
+from opentelemetry import trace as _trace
+
+from ..capture import step_context as S
+
+get_current = _context.get_current
+
+
+def span_context(ctx: Any, step: tuple | None = None) -> Any:
+    """The valid SpanContext of the current span in ``ctx`` (a record's PARENT), or None; None too when it is
+    the rank's span of ``step`` itself (made current inside ``otel_torchdist.step()``): the step's own
+    context then applies, framework spans included."""
+    if ctx is None:
+        return None
+    sc = _trace.get_current_span(ctx).get_span_context()
+    if not sc.is_valid or (step is not None and sc.span_id == step[S.SPAN] and sc.trace_id == step[S.TRACE]):
+        return None
+    return sc
+
+
+def install() -> None:
+    """Give capture these two (capture/caller.py), before anything records."""
+    from ..capture import caller
+
+    caller.install(get_current, span_context)
