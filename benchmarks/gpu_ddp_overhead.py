@@ -43,6 +43,8 @@ from gpu_check import _init, _run, time_steps  # noqa: E402
 VARIANTS = ("plain", "plain_timing", "instrumented", "instrumented_no_hook", "plain_python_hook", "instrumented_no_ddp",
             "instrumented_slow_drain")  # fmt: skip
 MODELS = ("small", "medium")
+# instrument()'s options of the variants that set any
+OPTIONS = {"instrumented_slow_drain": {"drain_interval": 60.0}, "instrumented_no_ddp": {"disabled_captures": ("ddp",)}}
 
 
 def _model(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:
@@ -114,9 +116,7 @@ def _variant(rank: int, port: int, folder: str, queue) -> None:
 
         if variant == "instrumented_no_hook":
             groups._completion_attachers.clear()  # this process only: the NCCL hook is never attached
-        extra = {"drain_interval": 60.0} if variant == "instrumented_slow_drain" else {}
-        if variant == "instrumented_no_ddp":
-            extra = {"disabled_captures": ("ddp",)}
+        extra = OPTIONS.get(variant, {})
         otel_torchdist.instrument(run_dir=folder, run_id=f"{variant}-{kind}", summary="none", **extra)
     _init("nccl", 0, 1, port)
     if variant == "plain_timing":

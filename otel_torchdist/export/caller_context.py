@@ -8,6 +8,7 @@ from typing import Any
 from opentelemetry import context as _context
 from opentelemetry import trace as _trace
 
+from ..capture import caller
 from ..capture import step_context as S
 
 get_current = _context.get_current
@@ -27,6 +28,4 @@ def span_context(ctx: Any, step: tuple | None = None) -> Any:
 
 def install() -> None:
     """Give capture these two (capture/caller.py), before anything records."""
-    from ..capture import caller
-
     caller.install(get_current, span_context)
