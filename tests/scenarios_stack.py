@@ -40,11 +40,14 @@ def training(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     deadline = started + args["max_seconds"]
     iterations, hung = 0, False
     while True:
-        stop = torch.tensor([float(os.path.exists(os.path.join(control, "stop")) or time.monotonic() > deadline)])
-        dist.all_reduce(stop, op=dist.ReduceOp.MAX)
-        if stop.item() > 0:
+        # Both decisions are taken together: a rank that went into the hang's barrier on its own clock while
+        # the other ran one more all_reduce deadlocked the two (gloo matches collectives by order, not kind).
+        flags = torch.tensor([float(os.path.exists(os.path.join(control, "stop")) or time.monotonic() > deadline),
+                              float(time.monotonic() - started > 60)])  # fmt: skip
+        dist.all_reduce(flags, op=dist.ReduceOp.MAX)
+        if flags[0].item() > 0:
             break
-        if not hung and time.monotonic() - started > 60:
+        if not hung and flags[1].item() > 0:
             hung = True
             if rank == 1:
                 time.sleep(2.5)
