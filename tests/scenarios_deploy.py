@@ -102,12 +102,15 @@ def training(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     steps = 0
     hung = False
     deadline = time.monotonic() + args.get("max_seconds", 400)
-    while time.monotonic() < deadline:
-        stop = False
+    stop = False
+    while not stop:
         for x, y in loader:
-            flags = torch.tensor([float(os.path.exists(os.path.join(control, name))) for name in ("stop", "hang")])
+            # The deadline is decided with the stop, in one all_reduce: on each rank's own clock one rank
+            # would leave while the other went on into the next collective, and both would hang.
+            flags = [float(os.path.exists(os.path.join(control, name))) for name in ("stop", "hang")]
+            flags = torch.tensor(flags + [float(time.monotonic() >= deadline)])
             dist.all_reduce(flags, op=dist.ReduceOp.MAX)
-            if flags[0] > 0 or time.monotonic() >= deadline:
+            if flags[0] > 0 or flags[2] > 0:
                 stop = True
                 break
             if flags[1] > 0 and not hung:
@@ -133,8 +136,6 @@ def training(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
                 dist.broadcast(torch.ones(512), src=0, group=pair)
             steps += 1
             time.sleep(args["pace_s"])
-        if stop:
-            break
 
     silent = rank == 1 and os.path.exists(os.path.join(control, "silence"))
     if silent:
