@@ -53,6 +53,9 @@ _INTERVALS_CAP = Intervals.CAP
 
 OFFSET_STEP_NS = 1_000_000  # a wall-clock step the span times follow (see drain)
 OFFSET_TRIES = 5
+DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
+STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
+STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
 
 
 def wall_offset_ns() -> int:
@@ -67,9 +70,6 @@ def wall_offset_ns() -> int:
         if best_gap is None or after - before < best_gap:
             best_gap, offset = after - before, wall - (before + after) // 2
     return offset
-DRAIN_ROUNDS = 8  # a drain goes round at most this often while the training threads keep queueing
-STEPS_OPEN = 64  # steps open past which those opened before a closed one are forgotten (open_step_stats)
-STEPS_OPEN_MAX = 4096  # and past which the oldest is, closed since or not
 
 
 class Pipeline:
