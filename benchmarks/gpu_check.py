@@ -16,9 +16,10 @@ processes, and prints one line per check and a JSON report:
 5. **A DDP step's overhead**: median step of a DDP model (NCCL, world size 1), plain, instrumented, plain
    again, each in a process of its own.
 6. **Where that overhead comes from** (unless ``--no-breakdown``): ``benchmarks/gpu_ddp_overhead.py`` on the
-   small model, plain against torch's own Python comm hook, the library, the library with its drain held
-   back and the library without its DDP capture, two rounds; with yappi installed, a per-thread profile of
-   each instrumented variant next to the report. Reported, not judged.
+   small model, plain against torch's own Python comm hook, the library (its native part records DDP's
+   buckets when built: ``otel-torchdist build-native`` first), the library through its Python comm hook
+   (``native="off"``) and the library without its DDP capture, three rounds; with yappi installed, a
+   per-thread profile of each instrumented variant next to the report. Reported, not judged.
 
 A failed check prints FAIL and the script exits 1. The last run's figures are in docs/performance.md (the
 GPU row) and benchmarks/results/ (the newest *-gpu-check.md).
@@ -41,7 +42,7 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 SIZES = [1 << 20, 16 << 20, 256 << 20]
-BREAKDOWN = "plain,plain_python_hook,instrumented,instrumented_slow_drain,instrumented_no_ddp"
+BREAKDOWN = "plain,plain_python_hook,instrumented,instrumented_comm_hook,instrumented_no_ddp"
 SYNC_CALLS = ("cudaDeviceSynchronize", "cudaStreamSynchronize", "cudaEventSynchronize")
 
 
@@ -246,7 +247,7 @@ def _ddp_steps() -> float:
     model = nn.parallel.DistributedDataParallel(nn.Sequential(nn.Linear(1024, 4096), nn.ReLU(), nn.Linear(4096, 1024)).cuda())
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     x = torch.randn(256, 1024, device="cuda")
-    return statistics.median(time_steps(model, opt, x, 50, 20))
+    return statistics.median(time_steps(model, opt, x, 200, 30))
 
 
 def ddp_plain(rank: int, port: int, folder: str, queue) -> None:
@@ -268,7 +269,7 @@ def ddp_instrumented(rank: int, port: int, folder: str, queue) -> None:
     dist.destroy_process_group()
 
 
-# 5, a DDP step's overhead: median step of 50 after 20 of warm-up, plain and instrumented in processes of their own
+# 5, a DDP step's overhead: median step of 200 after 30 of warm-up, plain and instrumented in processes of their own
 CHECKS = [(nccl_vs_cuda_events, 1), (gloo_cuda_tensors, 2), (no_sync_added, 1), (nvml_sampling, 1),
           (ddp_plain, 1), (ddp_instrumented, 1), (ddp_plain, 1)]  # fmt: skip
 
@@ -352,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         here = os.path.dirname(os.path.abspath(__file__))
         out_dir = os.path.dirname(os.path.abspath(args.out))
         command = [sys.executable, os.path.join(here, "gpu_ddp_overhead.py"), "--models", "small", "--variants", BREAKDOWN,
-                   "--out", os.path.join(out_dir, "gpu-ddp-overhead.json")]  # fmt: skip
+                   "--rounds", "3", "--out", os.path.join(out_dir, "gpu-ddp-overhead.json")]  # fmt: skip
         try:
             import yappi  # noqa: F401
 

@@ -15,6 +15,9 @@ World size 1, one process per variant and round, the variants interleaved round 
   (what any Python comm hook costs: the library's DDP capture is one).
 - ``instrumented_no_ddp``: ``instrument()`` without the DDP capture (its buckets are not recorded).
 
+- ``instrumented_comm_hook``: ``instrument(native="off")``: DDP's buckets through the library's Python comm
+  hook, as without the native part (``otel-torchdist build-native``), where ``instrumented`` has the native
+  process group record them when the part is built.
 - ``instrumented_slow_drain``: ``instrument()`` with the drain thread waking every 60 s instead of 0.2 s, so
   it does not run during the timed steps (whether the drain's work on other threads slows the steps).
 
@@ -41,10 +44,11 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_check import _init, _run, time_steps  # noqa: E402
 
 VARIANTS = ("plain", "plain_timing", "instrumented", "instrumented_no_hook", "plain_python_hook", "instrumented_no_ddp",
-            "instrumented_slow_drain")  # fmt: skip
+            "instrumented_slow_drain", "instrumented_comm_hook")  # fmt: skip
 MODELS = ("small", "medium")
 # instrument()'s options of the variants that set any
-OPTIONS = {"instrumented_slow_drain": {"drain_interval": 60.0}, "instrumented_no_ddp": {"disabled_captures": ("ddp",)}}
+OPTIONS = {"instrumented_slow_drain": {"drain_interval": 60.0}, "instrumented_no_ddp": {"disabled_captures": ("ddp",)},
+           "instrumented_comm_hook": {"native": "off"}}  # fmt: skip
 
 
 def _model(kind: str) -> tuple[torch.nn.Module, torch.Tensor]:

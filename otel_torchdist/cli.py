@@ -169,8 +169,8 @@ def build_parser() -> argparse.ArgumentParser:
         help="Compile the native capture of DDP (C++) for the installed torch, once.",
         description=(
             "Compile otel-torchdist's native part against the installed torch (a C++ compiler and ninja needed; "
-            "about a minute): DDP on gloo is then recorded without a comm hook, sparing DDP a pass over every "
-            "bucket. The build goes to a cache folder (OTEL_TORCHDIST_NATIVE_DIR, default ~/.cache/otel-torchdist/native), "
+            "about a minute): DDP on gloo and on NCCL is then recorded without a comm hook, sparing DDP a pass over "
+            "every bucket. The build goes to a cache folder (OTEL_TORCHDIST_NATIVE_DIR, default ~/.cache/otel-torchdist/native), "
             "one per torch version; instrument() loads it when it is there."
         ),
     )
@@ -293,7 +293,7 @@ def cmd_build_native(args: argparse.Namespace, parser: argparse.ArgumentParser) 
         native.load()
     except native.NativeBuildError as exc:
         raise _Failed(str(exc)) from None
-    print(f"built {path} in {time.monotonic() - started:.0f} s; instrument() uses it for DDP on gloo, the common collective call, the metrics and encoding spans")
+    print(f"built {path} in {time.monotonic() - started:.0f} s; instrument() uses it for DDP, the common collective call, the metrics and encoding spans")
     return 0
 
 

@@ -356,6 +356,39 @@ def agreed_run_id(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"run_id": ident.run_id, "again": again, "instance": ident.instance_id, "seq_before_first_collective": seq_before}
 
 
+def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """DDP on NCCL recorded by the native group (GPU machines only), trained beside the same model without DDP."""
+    import copy
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    from otel_torchdist.capture import ddp_native
+
+    _instrument(out, rank, run_id="nccl-ddp", native="build")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ws)
+    torch.manual_seed(0)
+    nn = torch.nn
+    plain = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+    model = DDP(copy.deepcopy(plain), bucket_cap_mb=0.01)  # two buckets once rebuilt
+    hooked = bool(model._get_ddp_logging_data().get("comm_hook"))
+    opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain)]
+    gen = torch.Generator(device="cuda").manual_seed(rank)
+    for _ in range(args.get("steps", 5)):
+        x = torch.randn(8, 16, device="cuda", generator=gen)
+        for m, opt in zip((model, plain), opts):
+            m(x).square().mean().backward()
+            opt.step()
+            opt.zero_grad()
+    torch.cuda.synchronize()
+    same = ws == 1 and all(torch.equal(a, b) for a, b in zip(model.module.parameters(), plain.parameters()))
+    attached = ddp_native.is_attached(model)
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"attached": attached, "comm_hook": hooked, "same": same}
+
+
 def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """A big all_reduce on NCCL, timed by the completion hook (GPU machines only)."""
     _instrument(out, rank, run_id="nccl")

@@ -31,3 +31,25 @@ def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path):
         assert wall > 0.02, s
         # the duration attribute is the kernel's own time (CUDA events), not the wait behind the sleep
         assert 0 < s["attributes"][n.COLL_DURATION] < wall
+
+
+def test_ddp_on_nccl_is_recorded_by_the_native_group_and_gpu_timed(tmp_path, native_built):
+    """No comm hook (DDP keeps its own bucket path and numbers), each bucket ended by the completion hook."""
+    out = str(tmp_path / "job")
+    (result,) = run_ranks("nccl_ddp", 1, out, {"steps": 5})
+    assert result["attached"] and not result["comm_hook"]
+    assert result["same"]  # the parameters trained through DDP are those trained without it, bit for bit
+    spans = read_spans(os.path.join(out, "runs", "nccl-ddp", "traces.rank0.jsonl"))
+    steps = {s["traceId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    by_step: dict = {}
+    for s in spans:
+        if s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" and s["name"] == "all_reduce":
+            by_step.setdefault(steps.get(s["traceId"]), []).append(s)
+    assert sorted(by_step) == sorted(steps.values()) and len(by_step) == 5, by_step.keys()
+    for step, found in by_step.items():
+        a = [s["attributes"] for s in found]
+        assert all(x[n.COLL_END_SOURCE] == "nccl_completion_hook" and x[n.COLL_BACKEND] == "nccl" for x in a), a
+        assert all(0 < x[n.COLL_DURATION] <= (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9 + 1e-3 for x, s in zip(a, found))
+        if step >= 2:  # after DDP's bucket rebuild: two buckets, the gradients' bytes
+            assert [x[n.DDP_BUCKET_INDEX] for x in a] == [0, 1] and [x[n.DDP_BUCKET_LAST] for x in a] == [False, True], a
+            assert sum(x[n.COLL_MESSAGE_SIZE] for x in a) == 4 * (16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4)

@@ -291,3 +291,99 @@ def test_a_drain_interval_of_many_fast_steps_keeps_every_bucket_in_its_step(nati
     assert len(traced) == 10 + 6  # the first 10 and every 100th
     assert buckets and all(s["traceId"] in traced for s in buckets)
     assert sorted({traced[s["traceId"]] for s in buckets}) == sorted(traced.values())
+
+
+# ------------------------------------------------------------- NCCL's completion hook, without a GPU
+# On NCCL the native group's entries end with the completion hook's report (a ProcessGroupNCCL watchdog
+# thread's call, which cannot exist without a GPU: tests/test_gpu.py runs the real one). Here a gloo group
+# stands in for the NCCL one and the test makes the hook's calls itself, through nccl._on_complete.
+def _report(gi, seq: int, gpu_ns: int = 7_000):
+    from datetime import datetime, timedelta
+    from types import SimpleNamespace
+
+    from otel_torchdist.capture import nccl
+
+    info = SimpleNamespace(op_type=SimpleNamespace(name="ALLREDUCE"), seq=seq, active_duration=timedelta(microseconds=gpu_ns / 1000),
+                           time_finished=datetime.now())  # fmt: skip
+    nccl._on_complete(gi, info)
+
+
+def test_a_hooked_entry_waits_for_its_report_which_may_come_first(native_built, gloo_alone, instrumented):
+    import torch.distributed as dist
+
+    from otel_torchdist.capture import ddp_native, groups
+
+    instrumented(run_id="native-hooked", drain_interval=3600.0)
+    mod, gi = native.load(), groups.info(dist.group.WORLD)
+    timed = mod.TimedGroup(dist.group.WORLD, gi.gid, 0, True)
+    t = torch.ones(4)
+    timed.allreduce([t]).wait()
+    (flying,) = mod.in_flight()
+    seq = flying[ddp_native.E_SEQ]
+    assert seq == dist.group.WORLD._get_sequence_number_for_group() and mod.waiting() == 1 and mod.take() == []
+    _report(gi, seq, gpu_ns=7_000)
+    assert mod.waiting() == 0 and mod.in_flight() == []
+    (rec,) = ddp_native.take(None, 0, force=True)
+    assert rec[R.END] == n.END_NCCL_HOOK and rec[R.GPU_NS] == 7_000 and rec[R.SEQ] == seq and rec[R.NBYTES] == 16
+    assert rec[R.T_END] >= rec[R.T_START]
+    # the hook thread saw the next one done before the issuing thread read its number: kept, then taken
+    _report(gi, seq + 1, gpu_ns=9_000)
+    assert gi.early.pop(seq + 1)[0] == 9_000  # filed for a Python record as well
+    timed.allreduce([t]).wait()
+    assert mod.in_flight() == []
+    (rec,) = ddp_native.take(None, 0, force=True)
+    assert rec[R.SEQ] == seq + 1 and rec[R.GPU_NS] == 9_000 and rec[R.END] == n.END_NCCL_HOOK
+    # a report for no entry of the native group leaves a Python record's path as it was
+    dist.all_reduce(t)
+    assert mod.take() == [] and mod.waiting() == 0
+
+
+def test_a_hooked_backward_is_held_until_its_last_bucket_is_reported(native_built, gloo_alone, instrumented, monkeypatch):
+    """DDP's buckets on NCCL are reported by the hook thread up to a watchdog poll after the step has moved on:
+    a backward whose last bucket is not reported yet is held, so indices and the last flag stay right."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import otel_torchdist
+    import torch.distributed as dist
+    from otel_torchdist import runtime
+    from otel_torchdist.capture import ddp_native, groups
+
+    folder = instrumented(run_id="native-hooked-ddp", drain_interval=3600.0)
+    gi = groups.info(dist.group.WORLD)
+    mod = native.load()
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_NCCL_HOOK)  # as meeting an NCCL group sets it
+    torch.manual_seed(0)
+    layers = (torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
+    model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.01)  # two buckets once rebuilt
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_FUTURE)  # the test's own collectives: gloo's
+    assert ddp_native.is_attached(model) and not model._get_ddp_logging_data().get("comm_hook")
+    _train(model, 2)  # past the bucket rebuild
+    for e in mod.in_flight():
+        _report(gi, e[ddp_native.E_SEQ])
+    pipeline = runtime.current().pipeline
+    ddp_native.take(pipeline.step_tracker, 0, force=True)
+    _train(model, 1)
+    flying = sorted(mod.in_flight(), key=lambda e: e[ddp_native.E_SEQ])
+    buckets = [e for e in flying if ddp_native._is_bucket(e)]
+    assert len(buckets) == 2 and mod.waiting() == len(flying)
+    _report(gi, buckets[0][ddp_native.E_SEQ], gpu_ns=1_000)
+    _train(model, 1)  # the step moved on; its buckets are in flight
+    from time import perf_counter_ns
+
+    assert [r for r in ddp_native.take(pipeline.step_tracker, perf_counter_ns()) if r[R.CTX][0] == "ddp"] == []
+    _report(gi, buckets[1][ddp_native.E_SEQ], gpu_ns=3_000)
+    got = [r for r in ddp_native.take(pipeline.step_tracker, perf_counter_ns()) if r[R.CTX] is not None and r[R.CTX][0] == "ddp"]
+    assert [r[R.SEQ] for r in got] == [e[ddp_native.E_SEQ] for e in buckets]
+    assert all(r[R.END] == n.END_NCCL_HOOK for r in got) and [r[R.GPU_NS] for r in got] == [1_000, 3_000]
+    for e in mod.in_flight():  # the last step's, reported after its end: the exit flush waits for them
+        _report(gi, e[ddp_native.E_SEQ])
+    otel_torchdist.uninstrument()
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl"))
+    steps = {s["traceId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    by_step: dict = {}
+    for s in spans:
+        if s["attributes"].get(n.COLL_SOURCE) == "ddp_reducer" and s["name"] == "all_reduce" and s["traceId"] in steps:
+            by_step.setdefault(steps[s["traceId"]], []).append(s["attributes"])
+    last = by_step[max(by_step)]  # the last step's, taken by the drain at uninstrument()
+    assert [a[n.DDP_BUCKET_INDEX] for a in last] == [0, 1] and [a[n.DDP_BUCKET_LAST] for a in last] == [False, True]
+    assert all(a[n.COLL_END_SOURCE] == n.END_NCCL_HOOK for a in last)

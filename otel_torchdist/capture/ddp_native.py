@@ -1,6 +1,7 @@
-"""DDP on gloo recorded by the native process group: no comm hook, so DDP keeps its own bucket path.
+"""DDP recorded by the native process group: no comm hook, so DDP keeps its own bucket path.
 
-A DDP built (or found) while instrumented, on a gloo group, with no comm hook, and with the native part
+A DDP built (or found) while instrumented, on a gloo group (CPU) or an NCCL group whose completion hook is
+in (nccl.py), with no comm hook, and with the native part
 built (``otel_torchdist.native``), has its reducer handed a ``TimedGroup`` over its group instead of the
 trampoline comm hook of ddp.py. The reducer issues every collective of its own through it: each
 gradient bucket's all-reduce, the unused-parameter map's all-reduce (``find_unused_parameters``, a static
@@ -14,6 +15,11 @@ all-reduces on that group. Whether it is the last is known once the backward is 
 are held until another backward on the group issues one, the step changes, or ``HOLD_NS`` pass, then
 released together. The model's ``process_group``, and everything Python does with it, stay the real
 group; DDP's parameters are what they are without otel-torchdist (no hook, no pass of ours).
+
+On NCCL a collective's future completes at enqueue, so an entry there ends when the group's completion
+hook reports its sequence number (``report()``: the GPU's duration and the watchdog's completion time), as
+the Python records of nccl.py do; until then it is in flight, where the hang watchdog looks. On a GPU this
+spares the device thread that runs DDP's backward a Python comm hook per bucket and its wait for the GIL.
 
 What the comm hook gives and this does not: the caller's own OpenTelemetry span at the bucket (the
 reducer runs it in C++; bucket spans hang under the step's span) and the parameter count of a bucket.
@@ -42,7 +48,7 @@ HOLD_NS = 5_000_000_000  # a backward's buckets wait at most this long for the b
 
 # Entry fields, as timed_group.cpp's entry_tuple() writes them.
 (E_GID, E_OP, E_T0, E_T1, E_NBYTES, E_NUMEL, E_NTENSORS, E_DTYPE, E_SEQ, E_ROOT, E_REDOP, E_STEP, E_TASK, E_ERROR,
- E_BATCH, E_OWNER) = range(16)
+ E_BATCH, E_OWNER, E_GPU_NS, E_HOOKED) = range(18)
 _OPS = {0: ("all_reduce", bw.ALL_REDUCE), 1: ("broadcast", bw.BROADCAST)}
 _UNKNOWN_OP = ("unknown", bw.ALL_REDUCE)
 # What training sees of a failure inside the reducer (a C++ exception, raised from backward as RuntimeError);
@@ -51,6 +57,7 @@ _ERROR_TYPE = "RuntimeError"
 _RECENT, _RECENT_MASK = R.RECENT_STEPS, len(R.RECENT_STEPS) - 1
 _SERIAL = S.SERIAL
 _REDOPS = {int(v): v for v in dist.ReduceOp.RedOpType.__members__.values()}
+_END_FUTURE = n.END_FUTURE
 
 # The loaded native module while instrumented with it, else None.
 _mod: Any = None
@@ -122,11 +129,14 @@ def deactivate(restore: bool) -> None:
 
 
 def eligible(ddp: Any) -> bool:
-    """A model on CPU over a gloo group: where the native group is tested (gloo's CUDA path and NCCL keep
-    the comm hook: no GPU here to test them on)."""
+    """A model on CPU over a gloo group, or on CUDA over an NCCL group (gloo's CUDA path keeps the comm hook:
+    its buckets were never run through the native group on a GPU)."""
     group = ddp.process_group
     try:
-        if group is None or getattr(ddp, "device_type", None) != "cpu" or group._get_backend_name() != "gloo":
+        if group is None:
+            return False
+        where = (getattr(ddp, "device_type", None), group._get_backend_name())
+        if where != ("cpu", "gloo") and where != ("cuda", "nccl"):
             return False
         # sparse gradients (sparse embeddings) are bucketed alone and reduced another way: the comm hook
         return not any(getattr(m, "sparse", False) for m in ddp.module.modules() if isinstance(m, _SPARSE_CAPABLE))
@@ -147,11 +157,14 @@ def attach(ddp: Any) -> bool:
     gi = groups.info(ddp.process_group)
     if gi is None:
         return False
+    hooked = gi.completion == groups.COMPLETION_NCCL_HOOK
+    if ddp.device_type == "cuda" and not hooked:
+        return False  # no completion hook on the group: the comm hook's records say they are enqueue-timed
     owner = next(_owners)
     model = context.class_name(ddp.module)  # as the comm hook path names it (ddp.model_name)
     _models[owner] = (context.derive(framework="ddp", module=model, phase="forward"),
                       context.derive(framework="ddp", module=model, phase="backward"))  # fmt: skip
-    timed = _mod.TimedGroup(ddp.process_group, gi.gid, owner)
+    timed = _mod.TimedGroup(ddp.process_group, gi.gid, owner, hooked)
     ddp.reducer._update_process_group(timed)  # swaps the reducer's group under its lock, nothing else
     _attached[ddp] = timed
     return True
@@ -162,8 +175,8 @@ def _hint() -> None:
     _hinted = True
     _log.info(
         "otel-torchdist: DDP's buckets are recorded through a comm hook, which costs DDP a pass over each "
-        "bucket (about 1.5 %% of a small model's step on CPU); `otel-torchdist build-native` builds the "
-        "native capture that spares it (docs/performance.md)"
+        "bucket (about 1.5 %% of a small model's step on CPU, 0.3-0.4 ms a step on a GPU); `otel-torchdist "
+        "build-native` builds the native capture that spares it (docs/performance.md)"
     )
 
 
@@ -217,8 +230,12 @@ _PHASES = (context.derive(framework="ddp", phase="forward"), context.derive(fram
 
 
 def _record(e: tuple, tracker: Any, end: str | None) -> list:
-    """The record of an entry (record.py's fields, in one literal: this runs per collective on the drain)."""
+    """The record of an entry (record.py's fields, in one literal: this runs per collective on the drain);
+    a hooked entry's end is the completion hook's."""
     op, kind = _OPS.get(e[E_OP], _UNKNOWN_OP)
+    gpu_ns = e[E_GPU_NS]
+    if end is _END_FUTURE and e[E_HOOKED]:
+        end = n.END_NCCL_HOOK if e[E_ERROR] is None else n.END_RETURN  # a failed call fails at issue
     numel, ntensors, redop, root, error, task = e[E_NUMEL], e[E_NTENSORS], e[E_REDOP], e[E_ROOT], e[E_ERROR], e[E_TASK]
     step = e[E_STEP] - 1  # the slot holds the step's serial + 1; 0 outside steps
     if step >= 0:
@@ -231,7 +248,7 @@ def _record(e: tuple, tracker: Any, end: str | None) -> list:
         op, kind, SOURCE, e[E_GID], e[E_SEQ] if e[E_SEQ] >= 0 else None, e[E_T0], e[E_T1], e[E_NBYTES], e[E_DTYPE],
         (1, numel) if ntensors == 1 else (), numel, ntensors, True, (None, root) if root >= 0 else None, None,
         _REDOPS.get(redop) if redop >= 0 else None, end, (_ERROR_TYPE, error) if error is not None else None,
-        None, None, None, False, _models.get(e[E_OWNER], _PHASES)[task != -1], task != -1, ctx,
+        None, None, gpu_ns if gpu_ns >= 0 else None, False, _models.get(e[E_OWNER], _PHASES)[task != -1], task != -1, ctx,
     ]  # fmt: skip
 
 
@@ -285,10 +302,12 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
     flying = None
     for owner in list(_held):
         held = _held[owner]
-        if not force and held.step == slot:
-            if now - held.last_t <= HOLD_NS:
+        if not force:
+            if held.step == slot and now - held.last_t <= HOLD_NS:
                 continue
-            if flying is None:  # a bucket of the pass still in flight: the pass is not over (a stalled rank)
+            # A bucket of the pass still in flight: the pass is not over (a stalled rank, or on NCCL a
+            # report the completion hook has not made yet, though the step has moved on).
+            if flying is None:
                 flying = {(e[E_OWNER], (e[E_TASK], e[E_STEP], e[E_BATCH])) for e in mod.in_flight()}
             if (owner, held.key) in flying:
                 continue

@@ -32,7 +32,7 @@ from typing import Any
 
 from .. import health
 from .. import names as n
-from . import groups
+from . import ddp_native, groups
 from . import record as R
 from .record import complete
 
@@ -122,6 +122,12 @@ def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
         with gi.lock:
             rec = gi.pending.pop(seq, None)
             if rec is None:
+                native = ddp_native.module()
+                # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it
+                # for an entry about to be numbered, and it is filed here too for a Python record about to
+                # be: whichever comes takes it, and the other copy is never matched (numbers are not reused).
+                if native is not None and native.report(gi.gid, seq, t_end, gpu_ns if gpu_ns is not None else -1):
+                    return
                 # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report
                 if len(gi.early) >= _EARLY_KEPT:
                     del gi.early[next(iter(gi.early))]
@@ -138,11 +144,18 @@ def _completed(rec: list, gpu_ns: int | None, t_end: int) -> None:
     complete(rec, n.END_NCCL_HOOK, t_end)
 
 
+def _waiting() -> bool:
+    if any(gi.pending for gi in groups.all_groups()):
+        return True
+    native = ddp_native.module()
+    return native is not None and native.waiting() > 0
+
+
 def flush_pending(timeout: float) -> None:
     """The process is ending: give the watchdog (it polls every 100 ms) up to ``timeout`` seconds to report
     what already finished on the live groups, then export what is left as unfinished and let the hooks go."""
     deadline = time.monotonic() + timeout
-    while any(gi.pending for gi in groups.all_groups()) and time.monotonic() < deadline:
+    while _waiting() and time.monotonic() < deadline:
         time.sleep(0.01)
     for gi in list(groups.BY_ID):  # destroyed groups too: their hooks will not come
         with gi.lock:

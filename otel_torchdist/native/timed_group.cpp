@@ -19,6 +19,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <deque>
+#include <map>
 #include <mutex>
 #include <string>
 #include <unordered_map>
@@ -43,7 +45,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 5;
+constexpr int kVersion = 6;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -60,6 +62,8 @@ struct Entry {
   int64_t step = 0;  // the step slot's value at issue: the training step's index, 0 outside steps
   int64_t graph_task = -1;  // autograd graph task issuing it, -1 outside a backward pass
   int64_t batch = 0;  // the batch slot's value at issue (DDP's Join hook numbers its shadow passes there)
+  int64_t gpu_ns = -1;  // the GPU's duration, as the completion hook measured it (-1: not measured)
+  bool hooked = false;  // ended by the completion hook's report (report()), not by its future
   bool failed = false;
   std::string error;
 };
@@ -72,7 +76,16 @@ struct Log {
   uint64_t next_key = 0;
   size_t capacity = 65536;  // done entries kept for the drain; beyond, counted in dropped
   int64_t dropped = 0;
+  // Hooked entries in flight by (group id, sequence number), for report().
+  std::map<std::pair<int64_t, int64_t>, uint64_t> by_seq;
+  // Reports that came before their entry's sequence number was known (the hook thread can see a tiny
+  // collective done before the issuing thread reads the number), or for a work no entry is for (Python's
+  // records, works issued elsewhere): (gid, seq) -> (t1, gpu_ns), oldest first, at most kReportsKept.
+  std::map<std::pair<int64_t, int64_t>, std::pair<int64_t, int64_t>> reports;
+  std::deque<std::pair<int64_t, int64_t>> report_order;
 };
+
+constexpr size_t kReportsKept = 256;
 
 Log& log() {
   static Log* instance = new Log();  // never destroyed: callbacks may run on backend threads at exit
@@ -91,11 +104,68 @@ uint64_t begin_entry(const Entry& e) {
   return key;
 }
 
+void finish(Log& l, Entry&& e) {
+  if (l.done.size() < l.capacity) {
+    l.done.push_back(std::move(e));
+  } else {
+    ++l.dropped;
+  }
+}
+
 void set_seq(uint64_t key, int64_t seq) {
   auto& l = log();
   std::lock_guard<std::mutex> g(l.mu);
   auto it = l.flying.find(key);
-  if (it != l.flying.end()) it->second.seq = seq;
+  if (it == l.flying.end()) return;
+  Entry& e = it->second;
+  e.seq = seq;
+  if (!e.hooked) return;
+  auto id = std::make_pair(e.gid, seq);
+  auto early = l.reports.find(id);
+  if (early == l.reports.end()) {
+    l.by_seq[id] = key;
+    return;
+  }
+  e.t1 = early->second.first;
+  e.gpu_ns = early->second.second;
+  l.reports.erase(early);  // its report_order slot goes when it comes to the front
+  Entry done = std::move(e);
+  l.flying.erase(it);
+  finish(l, std::move(done));
+}
+
+// The completion hook's report of (gid, seq): ends the hooked entry in flight, else keeps the report for
+// an entry about to be numbered. True when it ended an entry.
+bool report(int64_t gid, int64_t seq, int64_t t1, int64_t gpu_ns) {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  auto id = std::make_pair(gid, seq);
+  auto found = l.by_seq.find(id);
+  if (found != l.by_seq.end()) {
+    auto it = l.flying.find(found->second);
+    l.by_seq.erase(found);
+    if (it != l.flying.end()) {
+      Entry e = std::move(it->second);
+      l.flying.erase(it);
+      e.t1 = t1;
+      e.gpu_ns = gpu_ns;
+      finish(l, std::move(e));
+      return true;
+    }
+  }
+  while (l.report_order.size() >= kReportsKept) {
+    l.reports.erase(l.report_order.front());
+    l.report_order.pop_front();
+  }
+  if (l.reports.emplace(id, std::make_pair(t1, gpu_ns)).second) l.report_order.push_back(id);
+  return false;
+}
+
+// Hooked entries still waiting for their report (what the exit flush waits for).
+int64_t waiting() {
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  return int64_t(l.by_seq.size());
 }
 
 void drop_entry(uint64_t key) noexcept {
@@ -118,11 +188,7 @@ void end_entry(uint64_t key, int64_t t1, bool failed, std::string error, int64_t
   e.failed = failed;
   e.error = std::move(error);
   if (seq >= 0) e.seq = seq;
-  if (l.done.size() < l.capacity) {
-    l.done.push_back(std::move(e));
-  } else {
-    ++l.dropped;
-  }
+  finish(l, std::move(e));
 }
 
 // The work the reducer gets: the real one, with a future that completes once the entry is ended.
@@ -153,8 +219,8 @@ class TimedWork : public c10d::Work {
 
 class TimedGroup : public c10d::ProcessGroup {
  public:
-  TimedGroup(const c10::intrusive_ptr<c10d::ProcessGroup>& inner, int64_t gid, int64_t owner)
-      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid), owner_(owner) {
+  TimedGroup(const c10::intrusive_ptr<c10d::ProcessGroup>& inner, int64_t gid, int64_t owner, bool hooked)
+      : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid), owner_(owner), hooked_(hooked) {
     auto bound = inner_->getBoundDeviceId();
     if (bound) setBoundDeviceId(bound);
     // Any call not recorded below reaches the real group's backends, registered here as well.
@@ -203,6 +269,7 @@ class TimedGroup : public c10d::ProcessGroup {
       e.step = __atomic_load_n(&slots[0], __ATOMIC_RELAXED);
       e.batch = __atomic_load_n(&slots[1], __ATOMIC_RELAXED);
       e.graph_task = torch::autograd::get_current_graph_task_id();
+      e.hooked = hooked_;
       e.t0 = now_ns();
       key = begin_entry(e);
     } catch (...) {
@@ -221,6 +288,9 @@ class TimedGroup : public c10d::ProcessGroup {
     try {
       int64_t seq = int64_t(inner_->getSequenceNumberForGroup());
       set_seq(key, seq);  // before completion, for the hang watchdog's in_flight()
+      // NCCL's future completes at enqueue: the entry waits for the completion hook's report instead, and
+      // the reducer gets the real work, its future untouched.
+      if (hooked_) return work;
       auto fut = work->getFuture();
       auto child = fut->then(
           [key, seq](c10::ivalue::Future& parent) -> c10::IValue {
@@ -246,12 +316,13 @@ class TimedGroup : public c10d::ProcessGroup {
   c10::intrusive_ptr<c10d::ProcessGroup> inner_;
   int64_t gid_;
   int64_t owner_;
+  bool hooked_;  // a group whose completion hook reports each collective (NCCL with timing on)
 };
 
 // One tuple per entry, built with the C API: through pybind11's make_tuple and dtype caster, take() cost a
 // third more per entry on the drain thread (375 ns against 275 ns, measured).
 PyObject* entry_tuple(const Entry& e) {
-  PyObject* t = PyTuple_New(16);
+  PyObject* t = PyTuple_New(18);
   if (t == nullptr) return nullptr;
   PyObject* dtype = e.dtype == at::ScalarType::Undefined ? Py_None : reinterpret_cast<PyObject*>(torch::getTHPDtype(e.dtype));
   Py_INCREF(dtype);
@@ -262,13 +333,14 @@ PyObject* entry_tuple(const Entry& e) {
     error = Py_None;
     Py_INCREF(error);
   }
-  PyObject* items[16] = {
+  PyObject* items[18] = {
       PyLong_FromLongLong(e.gid), PyLong_FromLong(e.op), PyLong_FromLongLong(e.t0), PyLong_FromLongLong(e.t1),
       PyLong_FromLongLong(e.nbytes), PyLong_FromLongLong(e.numel), PyLong_FromLongLong(e.ntensors), dtype,
       PyLong_FromLongLong(e.seq), PyLong_FromLongLong(e.root), PyLong_FromLong(e.redop), PyLong_FromLongLong(e.step),
-      PyLong_FromLongLong(e.graph_task), error, PyLong_FromLongLong(e.batch), PyLong_FromLongLong(e.owner)};
+      PyLong_FromLongLong(e.graph_task), error, PyLong_FromLongLong(e.batch), PyLong_FromLongLong(e.owner),
+      PyLong_FromLongLong(e.gpu_ns), PyBool_FromLong(e.hooked)};
   bool ok = true;
-  for (int i = 0; i < 16; ++i) {
+  for (int i = 0; i < 18; ++i) {
     if (items[i] == nullptr) ok = false;
     PyTuple_SET_ITEM(t, i, items[i]);  // a null slot is fine for the tuple's own deallocation
   }
@@ -308,7 +380,10 @@ py::list flying(bool remove) {
     std::lock_guard<std::mutex> g(l.mu);
     got.reserve(l.flying.size());
     for (auto& kv : l.flying) got.push_back(remove ? std::move(kv.second) : kv.second);
-    if (remove) l.flying.clear();
+    if (remove) {
+      l.flying.clear();
+      l.by_seq.clear();
+    }
   }
   return as_list(got);
 }
@@ -342,13 +417,16 @@ int add_to(PyObject* module);  // fold.cpp: the metric store and the fold of uns
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   py::module::import("torch.distributed");  // registers the ProcessGroup type this one derives from
   py::class_<TimedGroup, c10d::ProcessGroup, c10::intrusive_ptr<TimedGroup>>(m, "TimedGroup")
-      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t, int64_t>(), py::arg("inner"), py::arg("gid"),
-           py::arg("owner") = 0)
+      .def(py::init<const c10::intrusive_ptr<c10d::ProcessGroup>&, int64_t, int64_t, bool>(), py::arg("inner"),
+           py::arg("gid"), py::arg("owner") = 0, py::arg("hooked") = false)
       .def_property_readonly("inner", &TimedGroup::inner)
       .def_property_readonly("gid", &TimedGroup::gid);
   m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
   m.def("in_flight", [] { return flying(false); }, "Entries of collectives issued and not completed.");
   m.def("abandon", [] { return flying(true); }, "Entries of collectives in flight, removed: reported unfinished, never completed.");
+  m.def("report", &report, py::arg("gid"), py::arg("seq"), py::arg("t1"), py::arg("gpu_ns"),
+        "The completion hook's report of a collective: ends its hooked entry (True), else is kept for it.");
+  m.def("waiting", &waiting, "Hooked entries in flight that wait for their report.");
   m.def("take_dropped", &take_dropped, "Entries dropped since the last call (the done list was full).");
   m.def("set_capacity", &set_capacity, "How many completed entries wait for take() before new ones are dropped.");
   m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");

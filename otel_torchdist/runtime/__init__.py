@@ -282,9 +282,10 @@ class Runtime:
                 stuck = list(rec)
                 record.complete(stuck, n.END_UNFINISHED)
         completion.flush_unfinished()
+        # the completion hook's last reports first: DDP's native entries on NCCL wait for theirs too
+        nccl.flush_pending(min(1.0, self.end_budget()))
         for rec in ddp_native.abandon(self.steps):
             record.complete(rec, n.END_UNFINISHED)
-        nccl.flush_pending(min(1.0, self.end_budget()))
         # No process group ever: nothing was captured (collectives need one). A helper process of the job (a
         # launcher's, multiprocessing's resource tracker, a spawned DataLoader worker, all instrumented by
         # opentelemetry-instrument's sitecustomize) writes no run folder and prints no summary.
