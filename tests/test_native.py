@@ -387,3 +387,38 @@ def test_a_hooked_backward_is_held_until_its_last_bucket_is_reported(native_buil
     last = by_step[max(by_step)]  # the last step's, taken by the drain at uninstrument()
     assert [a[n.DDP_BUCKET_INDEX] for a in last] == [0, 1] and [a[n.DDP_BUCKET_LAST] for a in last] == [False, True]
     assert all(a[n.COLL_END_SOURCE] == n.END_NCCL_HOOK for a in last)
+
+
+def test_an_untraced_steps_buckets_are_made_natively_as_python_makes_them(native_built, gloo_alone, instrumented, monkeypatch):
+    """take_split() makes untraced steps' bucket records in C++: field for field what ddp_native._record makes
+    of the same entry, with the model's backward context (no bucket numbering: no span will show it)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch.distributed as dist
+    from otel_torchdist.capture import ddp_native, groups
+
+    instrumented(run_id="native-split", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=1000)
+    gi = groups.info(dist.group.WORLD)
+    mod = native.load()
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_NCCL_HOOK)  # entries wait for a report: readable first
+    model = DDP(_mlp())
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_FUTURE)
+    _train(model, 3)
+    for e in mod.in_flight():
+        _report(gi, e[ddp_native.E_SEQ])
+    ddp_native.take(None, 0, force=True)
+    _train(model, 2)  # untraced steps (the sampler traces none of the first 1000)
+    flying = sorted(mod.in_flight(), key=lambda e: e[ddp_native.E_SEQ])
+    assert len(flying) == 2 and all(ddp_native._is_bucket(e) for e in flying)
+    for i, e in enumerate(flying):
+        _report(gi, e[ddp_native.E_SEQ], gpu_ns=5_000 + i)
+    fast, rest = mod.take_split()
+    assert rest == [] and len(fast) == 2
+    for got, e in zip(sorted(fast, key=lambda r: r[R.SEQ]), flying):
+        assert type(got) is tuple and got[R.STEPCTX] is not None and got[R.STEPCTX][3] is False
+        done = list(e)
+        done[ddp_native.E_T1], done[ddp_native.E_GPU_NS], done[ddp_native.E_HOOKED] = got[R.T_END], got[R.GPU_NS], True
+        want = ddp_native._record(tuple(done), None, n.END_FUTURE)
+        want[R.CTX] = ddp_native._models[e[ddp_native.E_OWNER]][1]
+        assert got == tuple(want)
+        assert got[R.END] == n.END_NCCL_HOOK and got[R.GPU_NS] >= 5_000 and got[R.CTX][0] == "ddp"

@@ -13,7 +13,8 @@ A bucket is an all-reduce of floating-point values issued inside a backward pass
 backward's buckets in index order, each once, so a bucket's index is its place among its backward's
 all-reduces on that group. Whether it is the last is known once the backward is over: a backward's buckets
 are held until another backward on the group issues one, the step changes, or ``HOLD_NS`` pass, then
-released together. The model's ``process_group``, and everything Python does with it, stay the real
+released together. That numbering only shows in spans: the buckets of an untraced step (nearly all, at the
+default sampling) are not held, and the native part makes their records itself (``take_split()``). The model's ``process_group``, and everything Python does with it, stay the real
 group; DDP's parameters are what they are without otel-torchdist (no hook, no pass of ours).
 
 On NCCL a collective's future completes at enqueue, so an entry there ends when the group's completion
@@ -96,6 +97,13 @@ def activate(mode: str, capacity: int) -> None:
         mod.take_dropped()
         slots = memoryview(mod.slots()).cast("q")
         slots[0] = R.STEP[0][S.SERIAL] + 1 if R.STEP[0] is not None else 0
+    except Exception as exc:
+        health.error("native", "the native part could not be set up; DDP is captured through its comm hook", exc)
+        return
+    try:
+        # What take_split() reads: the step contexts, the models' (filled in as models attach), names
+        mod.split_setup(R.RECENT_STEPS, _RECENT_MASK, _models, _PHASES[1], _REDOPS,
+                        ("all_reduce", bw.ALL_REDUCE, SOURCE, n.END_FUTURE, n.END_NCCL_HOOK))  # fmt: skip
     except Exception as exc:
         health.error("native", "the native part could not be set up; DDP is captured through its comm hook", exc)
         return
@@ -281,7 +289,11 @@ def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
     if dropped:
         R._dropped[0] += dropped
     slot = R.SLOTS[0]
-    for e in mod.take():
+    # Untraced steps' gradient buckets come as records (only the metrics see them, so their place in their
+    # backward pass is not waited for); the rest as entries.
+    fast, entries = mod.take_split()
+    out.extend(fast)
+    for e in entries:
         rec = _record(e, tracker, n.END_FUTURE)
         if not _is_bucket(e):
             out.append(tuple(rec))

@@ -45,7 +45,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 6;
+constexpr int kVersion = 7;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -388,6 +388,119 @@ py::list flying(bool remove) {
   return as_list(got);
 }
 
+// What take_split() needs from the Python side, set once per load by split_setup().
+struct Split {
+  PyObject* ring = nullptr;  // record.RECENT_STEPS: a step's context by serial & mask
+  Py_ssize_t mask = 0;
+  PyObject* models = nullptr;  // ddp_native._models: model number -> (forward context, backward context)
+  PyObject* backward = nullptr;  // the backward context of a model not numbered (ddp_native._PHASES[1])
+  PyObject* redops = nullptr;  // reduce op number -> torch's ReduceOp
+  PyObject *op = nullptr, *kind = nullptr, *source = nullptr, *end_future = nullptr, *end_hooked = nullptr;
+  bool ready = false;
+};
+
+Split S;
+
+void split_setup(py::object ring, int64_t mask, py::dict models, py::object backward, py::dict redops, py::tuple names) {
+  if (!PyList_CheckExact(ring.ptr()) || names.size() != 5) throw py::value_error("split_setup: a list and five names");
+  auto keep = [](PyObject*& slot, PyObject* value) { Py_XSETREF(slot, Py_NewRef(value)); };
+  keep(S.ring, ring.ptr());
+  S.mask = Py_ssize_t(mask);
+  keep(S.models, models.ptr());
+  keep(S.backward, backward.ptr());
+  keep(S.redops, redops.ptr());
+  keep(S.op, names[0].ptr());
+  keep(S.kind, names[1].ptr());
+  keep(S.source, names[2].ptr());
+  keep(S.end_future, names[3].ptr());
+  keep(S.end_hooked, names[4].ptr());
+  S.ready = true;
+}
+
+// The step context of an entry's step when that step is known and untraced, else nullptr (borrowed).
+PyObject* untraced_step(const Entry& e) {
+  if (e.step <= 0) return nullptr;
+  int64_t serial = e.step - 1;  // the slot holds the serial + 1
+  if (Py_ssize_t(serial & S.mask) >= PyList_GET_SIZE(S.ring)) return nullptr;
+  PyObject* ctx = PyList_GET_ITEM(S.ring, serial & S.mask);
+  if (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) < 4 || PyTuple_GET_ITEM(ctx, 3) != Py_False) return nullptr;
+  PyObject* got = PyTuple_GET_ITEM(ctx, 0);
+  if (!PyLong_CheckExact(got)) return nullptr;
+  int overflow = 0;
+  long long have = PyLong_AsLongLongAndOverflow(got, &overflow);
+  if (overflow || have != serial) {
+    PyErr_Clear();
+    return nullptr;
+  }
+  return ctx;
+}
+
+// A gradient bucket's record of an untraced step, as ddp_native.take's fast path writes it (record.py's
+// fields), or nullptr with an error set.
+PyObject* bucket_record(const Entry& e, PyObject* step) {
+  using namespace otel_native::record;
+  PyObject* rec = PyTuple_New(kFields);
+  if (rec == nullptr) return nullptr;
+  auto set = [rec](Py_ssize_t i, PyObject* v) { PyTuple_SET_ITEM(rec, i, v); return v != nullptr; };
+  auto none = [] { return Py_NewRef(Py_None); };
+  PyObject* model = nullptr;
+  {
+    otel_native::Ref owner(PyLong_FromLongLong(e.owner));
+    PyObject* pair = owner.p ? PyDict_GetItemWithError(S.models, owner.p) : nullptr;  // borrowed
+    if (pair != nullptr && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) model = PyTuple_GET_ITEM(pair, 1);
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  PyObject* redop = nullptr;
+  {
+    otel_native::Ref key(PyLong_FromLong(e.redop));
+    redop = key.p ? PyDict_GetItemWithError(S.redops, key.p) : nullptr;
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  PyObject* dtype = e.dtype == at::ScalarType::Undefined ? Py_None : reinterpret_cast<PyObject*>(torch::getTHPDtype(e.dtype));
+  bool ok = set(kOp, Py_NewRef(S.op)) & set(kKind, Py_NewRef(S.kind)) & set(kSource, Py_NewRef(S.source)) &
+            set(kGroup, PyLong_FromLongLong(e.gid)) & set(kSeq, e.seq >= 0 ? PyLong_FromLongLong(e.seq) : none()) &
+            set(kTStart, PyLong_FromLongLong(e.t0)) & set(kTEnd, PyLong_FromLongLong(e.t1)) &
+            set(kNbytes, PyLong_FromLongLong(e.nbytes)) & set(kDtype, Py_NewRef(dtype)) &
+            set(kShapes, e.ntensors == 1 ? Py_BuildValue("(iL)", 1, (long long)e.numel) : PyTuple_New(0)) &
+            set(kNumel, PyLong_FromLongLong(e.numel)) & set(kNtensors, PyLong_FromLongLong(e.ntensors)) &
+            set(kAsync, Py_NewRef(Py_True)) & set(kRoot, none()) & set(kPeer, none()) &
+            set(kRedop, Py_NewRef(redop ? redop : Py_None)) &
+            set(kEnd, Py_NewRef(e.hooked ? S.end_hooked : S.end_future)) & set(kError, none()) & set(kParent, none()) &
+            set(kExtra, none()) & set(kGpuNs, e.gpu_ns >= 0 ? PyLong_FromLongLong(e.gpu_ns) : none()) &
+            set(kInner, Py_NewRef(Py_False)) & set(kCtx, Py_NewRef(model ? model : S.backward)) &
+            set(kBwd, PyBool_FromLong(e.graph_task != -1)) & set(kStepCtx, Py_NewRef(step));
+  if (!ok) {
+    Py_DECREF(rec);
+    if (!PyErr_Occurred()) PyErr_NoMemory();
+    return nullptr;
+  }
+  return rec;
+}
+
+// take() split in two: the records of untraced steps' gradient buckets, made here (no place in their
+// backward pass is waited for: only the metrics see them), and the other entries as take() gives them.
+py::tuple take_split() {
+  if (!S.ready) throw py::value_error("take_split: split_setup() first");
+  std::vector<Entry> got;
+  {
+    auto& l = log();
+    std::lock_guard<std::mutex> g(l.mu);
+    got.swap(l.done);
+  }
+  py::list fast, rest;
+  for (const Entry& e : got) {
+    PyObject* step = (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
+    PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
+    if (item == nullptr) throw py::error_already_set();
+    if (PyList_Append(step != nullptr ? fast.ptr() : rest.ptr(), item) < 0) {
+      Py_DECREF(item);
+      throw py::error_already_set();
+    }
+    Py_DECREF(item);
+  }
+  return py::make_tuple(fast, rest);
+}
+
 int64_t take_dropped() {
   auto& l = log();
   std::lock_guard<std::mutex> g(l.mu);
@@ -422,6 +535,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def_property_readonly("inner", &TimedGroup::inner)
       .def_property_readonly("gid", &TimedGroup::gid);
   m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
+  m.def("split_setup", &split_setup, "What take_split() reads: the recent steps, the models' contexts, reduce ops, names.");
+  m.def("take_split", &take_split, "take(), with untraced steps' gradient buckets made into records: (records, entries).");
   m.def("in_flight", [] { return flying(false); }, "Entries of collectives issued and not completed.");
   m.def("abandon", [] { return flying(true); }, "Entries of collectives in flight, removed: reported unfinished, never completed.");
   m.def("report", &report, py::arg("gid"), py::arg("seq"), py::arg("t1"), py::arg("gpu_ns"),
