@@ -1,21 +1,22 @@
 """DDP recorded by the native process group: no comm hook, so DDP keeps its own bucket path.
 
 A DDP built (or found) while instrumented, on a gloo group (CPU) or an NCCL group whose completion hook is
-in (nccl.py), with no comm hook, and with the native part
-built (``otel_torchdist.native``), has its reducer handed a ``TimedGroup`` over its group instead of the
-trampoline comm hook of ddp.py. The reducer issues every collective of its own through it: each
-gradient bucket's all-reduce, the unused-parameter map's all-reduce (``find_unused_parameters``, a static
-graph's first iteration), the broadcasts of a bucket rebuild. The C++ side records each one (times, sizes,
-sequence number, the step index from the step slot, the autograd graph task) and this module turns the
-entries into the records every other capture makes, on the drain thread.
+in (nccl.py), with no comm hook, and with the native part built (``otel_torchdist.native``), has its reducer
+handed a ``TimedGroup`` over its group instead of the trampoline comm hook of ddp.py. The reducer issues
+every collective of its own through it: each gradient bucket's all-reduce, the unused-parameter map's
+all-reduce (``find_unused_parameters``, a static graph's first iteration), the broadcasts of a bucket
+rebuild. The C++ side records each one (times, sizes, sequence number, the step index from the step slot,
+the autograd graph task) and this module turns the entries into the records every other capture makes, on
+the drain thread.
 
 A bucket is an all-reduce of floating-point values issued inside a backward pass. The reducer launches a
 backward's buckets in index order, each once, so a bucket's index is its place among its backward's
 all-reduces on that group. Whether it is the last is known once the backward is over: a backward's buckets
 are held until another backward on the group issues one, the step changes, or ``HOLD_NS`` pass, then
 released together. That numbering only shows in spans: the buckets of an untraced step (nearly all, at the
-default sampling) are not held, and the native part makes their records itself (``take_split()``). The model's ``process_group``, and everything Python does with it, stay the real
-group; DDP's parameters are what they are without otel-torchdist (no hook, no pass of ours).
+default sampling) are not held, and the native part makes their records itself (``take_split()``). The
+model's ``process_group``, and everything Python does with it, stay the real group; DDP's parameters are
+what they are without otel-torchdist (no hook, no pass of ours).
 
 On NCCL a collective's future completes at enqueue, so an entry there ends when the group's completion
 hook reports its sequence number (``report()``: the GPU's duration and the watchdog's completion time), as
@@ -94,6 +95,7 @@ def activate(mode: str, capacity: int) -> None:
     try:
         mod.set_capacity(capacity)
         mod.take()  # entries of an earlier instrument() cycle (a model left attached at exit): not this run's
+        mod.abandon()  # and those in flight then (on NCCL, reports that never came after that cycle's end)
         mod.take_dropped()
         slots = memoryview(mod.slots()).cast("q")
         slots[0] = R.STEP[0][S.SERIAL] + 1 if R.STEP[0] is not None else 0

@@ -286,7 +286,16 @@ class TimedGroup : public c10d::ProcessGroup {
       throw;  // the collective's own exception, unchanged
     }
     try {
-      int64_t seq = int64_t(inner_->getSequenceNumberForGroup());
+      int64_t seq = -1;
+      if (hooked_) {
+        // The work's own number is the one the completion hook reports, even when another thread issued
+        // on the group meanwhile; the group's counter is read where the backend keeps none.
+        try {
+          seq = int64_t(work->getSequencenumber());
+        } catch (...) {
+        }
+      }
+      if (seq < 0) seq = int64_t(inner_->getSequenceNumberForGroup());
       set_seq(key, seq);  // before completion, for the hang watchdog's in_flight()
       // NCCL's future completes at enqueue: the entry waits for the completion hook's report instead, and
       // the reducer gets the real work, its future untouched.
@@ -439,36 +448,39 @@ PyObject* untraced_step(const Entry& e) {
 // fields), or nullptr with an error set.
 PyObject* bucket_record(const Entry& e, PyObject* step) {
   using namespace otel_native::record;
+  // Owned at once: an allocation below may run the garbage collector, and a finalizer another thread that
+  // replaces the ring's slot or the models' entry.
+  otel_native::Ref stepctx(Py_NewRef(step)), model, redop;
+  {
+    otel_native::Ref owner(PyLong_FromLongLong(e.owner));
+    PyObject* pair = owner.p ? PyDict_GetItemWithError(S.models, owner.p) : nullptr;  // borrowed
+    if (pair != nullptr && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) model.p = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
+  {
+    otel_native::Ref key(PyLong_FromLong(e.redop));
+    PyObject* found = key.p ? PyDict_GetItemWithError(S.redops, key.p) : nullptr;  // borrowed
+    if (found != nullptr) redop.p = Py_NewRef(found);
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
   PyObject* rec = PyTuple_New(kFields);
   if (rec == nullptr) return nullptr;
   auto set = [rec](Py_ssize_t i, PyObject* v) { PyTuple_SET_ITEM(rec, i, v); return v != nullptr; };
   auto none = [] { return Py_NewRef(Py_None); };
-  PyObject* model = nullptr;
-  {
-    otel_native::Ref owner(PyLong_FromLongLong(e.owner));
-    PyObject* pair = owner.p ? PyDict_GetItemWithError(S.models, owner.p) : nullptr;  // borrowed
-    if (pair != nullptr && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) model = PyTuple_GET_ITEM(pair, 1);
-    if (PyErr_Occurred()) PyErr_Clear();
-  }
-  PyObject* redop = nullptr;
-  {
-    otel_native::Ref key(PyLong_FromLong(e.redop));
-    redop = key.p ? PyDict_GetItemWithError(S.redops, key.p) : nullptr;
-    if (PyErr_Occurred()) PyErr_Clear();
-  }
   PyObject* dtype = e.dtype == at::ScalarType::Undefined ? Py_None : reinterpret_cast<PyObject*>(torch::getTHPDtype(e.dtype));
-  bool ok = set(kOp, Py_NewRef(S.op)) & set(kKind, Py_NewRef(S.kind)) & set(kSource, Py_NewRef(S.source)) &
-            set(kGroup, PyLong_FromLongLong(e.gid)) & set(kSeq, e.seq >= 0 ? PyLong_FromLongLong(e.seq) : none()) &
-            set(kTStart, PyLong_FromLongLong(e.t0)) & set(kTEnd, PyLong_FromLongLong(e.t1)) &
-            set(kNbytes, PyLong_FromLongLong(e.nbytes)) & set(kDtype, Py_NewRef(dtype)) &
-            set(kShapes, e.ntensors == 1 ? Py_BuildValue("(iL)", 1, (long long)e.numel) : PyTuple_New(0)) &
-            set(kNumel, PyLong_FromLongLong(e.numel)) & set(kNtensors, PyLong_FromLongLong(e.ntensors)) &
-            set(kAsync, Py_NewRef(Py_True)) & set(kRoot, none()) & set(kPeer, none()) &
-            set(kRedop, Py_NewRef(redop ? redop : Py_None)) &
-            set(kEnd, Py_NewRef(e.hooked ? S.end_hooked : S.end_future)) & set(kError, none()) & set(kParent, none()) &
-            set(kExtra, none()) & set(kGpuNs, e.gpu_ns >= 0 ? PyLong_FromLongLong(e.gpu_ns) : none()) &
-            set(kInner, Py_NewRef(Py_False)) & set(kCtx, Py_NewRef(model ? model : S.backward)) &
-            set(kBwd, PyBool_FromLong(e.graph_task != -1)) & set(kStepCtx, Py_NewRef(step));
+  // Stops at the first failed allocation; the slots left empty are fine for the tuple's deallocation.
+  bool ok = set(kOp, Py_NewRef(S.op)) && set(kKind, Py_NewRef(S.kind)) && set(kSource, Py_NewRef(S.source)) &&
+            set(kGroup, PyLong_FromLongLong(e.gid)) && set(kSeq, e.seq >= 0 ? PyLong_FromLongLong(e.seq) : none()) &&
+            set(kTStart, PyLong_FromLongLong(e.t0)) && set(kTEnd, PyLong_FromLongLong(e.t1)) &&
+            set(kNbytes, PyLong_FromLongLong(e.nbytes)) && set(kDtype, Py_NewRef(dtype)) &&
+            set(kShapes, e.ntensors == 1 ? Py_BuildValue("(iL)", 1, (long long)e.numel) : PyTuple_New(0)) &&
+            set(kNumel, PyLong_FromLongLong(e.numel)) && set(kNtensors, PyLong_FromLongLong(e.ntensors)) &&
+            set(kAsync, Py_NewRef(Py_True)) && set(kRoot, none()) && set(kPeer, none()) &&
+            set(kRedop, Py_NewRef(redop.p ? redop.p : Py_None)) &&
+            set(kEnd, Py_NewRef(e.hooked ? S.end_hooked : S.end_future)) && set(kError, none()) && set(kParent, none()) &&
+            set(kExtra, none()) && set(kGpuNs, e.gpu_ns >= 0 ? PyLong_FromLongLong(e.gpu_ns) : none()) &&
+            set(kInner, Py_NewRef(Py_False)) && set(kCtx, Py_NewRef(model.p ? model.p : S.backward)) &&
+            set(kBwd, PyBool_FromLong(e.graph_task != -1)) && set(kStepCtx, stepctx.release());
   if (!ok) {
     Py_DECREF(rec);
     if (!PyErr_Occurred()) PyErr_NoMemory();
