@@ -215,8 +215,9 @@ class Config:
     does. Env: ``OTEL_TORCHDIST_COMPILE_CAPTURE``."""
 
     native: str = "auto"
-    """The native part (C++, ``otel_torchdist/native``) that records DDP's reducer on gloo without a comm
-    hook, sparing DDP the hook's pass over every bucket, takes the common ``torch.distributed`` call
+    """The native part (C++, ``otel_torchdist/native``) that records DDP's reducer on gloo and on NCCL
+    without a comm hook, sparing DDP the hook's pass over every bucket (on a GPU, 0.3-0.5 ms of a 1 ms
+    step), takes the common ``torch.distributed`` call
     (one plain tensor, blocking) in C++ instead of Python, folds the collectives of unsampled steps into
     the metrics and encodes spans (OTLP protobuf and JSON, the same bytes as the Python encoders).
     ``auto``: used when built (``otel-torchdist build-native``, once per torch version), else DDP is
