@@ -112,6 +112,15 @@ void finish(Log& l, Entry&& e) {
   }
 }
 
+// Ends a hooked entry in flight with its report (the log's lock held).
+void end_reported(Log& l, std::unordered_map<uint64_t, Entry>::iterator it, int64_t t1, int64_t gpu_ns) {
+  Entry e = std::move(it->second);
+  l.flying.erase(it);
+  e.t1 = t1;
+  e.gpu_ns = gpu_ns;
+  finish(l, std::move(e));
+}
+
 void set_seq(uint64_t key, int64_t seq) {
   auto& l = log();
   std::lock_guard<std::mutex> g(l.mu);
@@ -126,12 +135,9 @@ void set_seq(uint64_t key, int64_t seq) {
     l.by_seq[id] = key;
     return;
   }
-  e.t1 = early->second.first;
-  e.gpu_ns = early->second.second;
+  auto [t1, gpu_ns] = early->second;
   l.reports.erase(early);  // its report_order slot goes when it comes to the front
-  Entry done = std::move(e);
-  l.flying.erase(it);
-  finish(l, std::move(done));
+  end_reported(l, it, t1, gpu_ns);
 }
 
 // The completion hook's report of (gid, seq): ends the hooked entry in flight, else keeps the report for
@@ -145,11 +151,7 @@ bool report(int64_t gid, int64_t seq, int64_t t1, int64_t gpu_ns) {
     auto it = l.flying.find(found->second);
     l.by_seq.erase(found);
     if (it != l.flying.end()) {
-      Entry e = std::move(it->second);
-      l.flying.erase(it);
-      e.t1 = t1;
-      e.gpu_ns = gpu_ns;
-      finish(l, std::move(e));
+      end_reported(l, it, t1, gpu_ns);
       return true;
     }
   }
@@ -370,15 +372,16 @@ py::list as_list(const std::vector<Entry>& got) {
   return out;
 }
 
-py::list take() {
+// The completed entries, removed from the log.
+std::vector<Entry> take_done() {
   std::vector<Entry> got;
-  {
-    auto& l = log();
-    std::lock_guard<std::mutex> g(l.mu);
-    got.swap(l.done);
-  }
-  return as_list(got);
+  auto& l = log();
+  std::lock_guard<std::mutex> g(l.mu);
+  got.swap(l.done);
+  return got;
 }
+
+py::list take() { return as_list(take_done()); }
 
 // The entries in flight; ``remove``: taken out too, so a completion after this finds no entry and records
 // nothing (abandon, at close).
@@ -493,14 +496,8 @@ PyObject* bucket_record(const Entry& e, PyObject* step) {
 // backward pass is waited for: only the metrics see them), and the other entries as take() gives them.
 py::tuple take_split() {
   if (!S.ready) throw py::value_error("take_split: split_setup() first");
-  std::vector<Entry> got;
-  {
-    auto& l = log();
-    std::lock_guard<std::mutex> g(l.mu);
-    got.swap(l.done);
-  }
   py::list fast, rest;
-  for (const Entry& e : got) {
+  for (const Entry& e : take_done()) {
     PyObject* step = (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
     PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
     if (item == nullptr) throw py::error_already_set();
