@@ -340,7 +340,7 @@ class Pipeline:
         cap = self.cfg.max_spans_per_step
         if not cap:
             return True
-        if stats.spans >= cap and (span_id is None or stats.parents is None or span_id not in stats.parents):
+        if stats.spans >= cap and (span_id is None or span_id not in stats.parents):
             health.dropped(n.DROPPED_STEP_LIMIT)
             if not stats.capped:
                 # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
@@ -353,8 +353,6 @@ class Pipeline:
             return False
         stats.spans += 1
         if parent is not None and parent != step[_SPAN]:  # the step's own span is never capped
-            if stats.parents is None:
-                stats.parents = set()
             stats.parents.add(parent)
         return True
 

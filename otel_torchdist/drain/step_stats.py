@@ -95,5 +95,5 @@ class StepStats:
         self.collectives = 0
         self.nbytes = 0
         self.spans = 0
-        self.parents: set[int] | None = None  # made by the first span admitted (traced steps only)
+        self.parents: set[int] = set()
         self.capped = False
