@@ -365,12 +365,12 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     import otel_torchdist
     from otel_torchdist.capture import ddp_native
 
+    from .scenarios_training import _mlp
+
     _instrument(out, rank, run_id="nccl-ddp", native="build")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=ws)
-    torch.manual_seed(0)
-    nn = torch.nn
-    plain = nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4)).cuda()
+    plain = _mlp().cuda()
     model = DDP(copy.deepcopy(plain), bucket_cap_mb=0.01)  # two buckets once rebuilt
     hooked = bool(model._get_ddp_logging_data().get("comm_hook"))
     opts = [torch.optim.SGD(m.parameters(), lr=0.1) for m in (model, plain)]

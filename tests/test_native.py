@@ -308,6 +308,26 @@ def _report(gi, seq: int, gpu_ns: int = 7_000):
     nccl._on_complete(gi, info)
 
 
+def _hooked_ddp(module, monkeypatch, warm: int, **ddp_options):
+    """A DDP whose native group waits for the completion hook's reports, as on an NCCL group, trained ``warm``
+    steps with each report made and the records taken: (model, group info, native module)."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    import torch.distributed as dist
+    from otel_torchdist.capture import ddp_native, groups
+
+    gi, mod = groups.info(dist.group.WORLD), native.load()
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_NCCL_HOOK)  # as meeting an NCCL group sets it
+    model = DDP(module, **ddp_options)
+    monkeypatch.setattr(gi, "completion", groups.COMPLETION_FUTURE)  # the test's own collectives: gloo's
+    assert ddp_native.is_attached(model) and not model._get_ddp_logging_data().get("comm_hook")
+    _train(model, warm)
+    for e in mod.in_flight():
+        _report(gi, e[ddp_native.E_SEQ])
+    ddp_native.take(None, 0, force=True)
+    return model, gi, mod
+
+
 def test_a_hooked_entry_waits_for_its_report_which_may_come_first(native_built, gloo_alone, instrumented):
     import torch.distributed as dist
 
@@ -341,27 +361,16 @@ def test_a_hooked_entry_waits_for_its_report_which_may_come_first(native_built, 
 def test_a_hooked_backward_is_held_until_its_last_bucket_is_reported(native_built, gloo_alone, instrumented, monkeypatch):
     """DDP's buckets on NCCL are reported by the hook thread up to a watchdog poll after the step has moved on:
     a backward whose last bucket is not reported yet is held, so indices and the last flag stay right."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
     import otel_torchdist
-    import torch.distributed as dist
     from otel_torchdist import runtime
-    from otel_torchdist.capture import ddp_native, groups
+    from otel_torchdist.capture import ddp_native
+
+    from .scenarios_training import _mlp as _three_layers
 
     folder = instrumented(run_id="native-hooked-ddp", drain_interval=3600.0)
-    gi = groups.info(dist.group.WORLD)
-    mod = native.load()
-    monkeypatch.setattr(gi, "completion", groups.COMPLETION_NCCL_HOOK)  # as meeting an NCCL group sets it
-    torch.manual_seed(0)
-    layers = (torch.nn.Linear(16, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(), torch.nn.Linear(64, 4))
-    model = DDP(torch.nn.Sequential(*layers), bucket_cap_mb=0.01)  # two buckets once rebuilt
-    monkeypatch.setattr(gi, "completion", groups.COMPLETION_FUTURE)  # the test's own collectives: gloo's
-    assert ddp_native.is_attached(model) and not model._get_ddp_logging_data().get("comm_hook")
-    _train(model, 2)  # past the bucket rebuild
-    for e in mod.in_flight():
-        _report(gi, e[ddp_native.E_SEQ])
+    # two buckets once rebuilt (the second step): past the rebuild
+    model, gi, mod = _hooked_ddp(_three_layers(), monkeypatch, 2, bucket_cap_mb=0.01)
     pipeline = runtime.current().pipeline
-    ddp_native.take(pipeline.step_tracker, 0, force=True)
     _train(model, 1)
     flying = sorted(mod.in_flight(), key=lambda e: e[ddp_native.E_SEQ])
     buckets = [e for e in flying if ddp_native._is_bucket(e)]
@@ -392,21 +401,10 @@ def test_a_hooked_backward_is_held_until_its_last_bucket_is_reported(native_buil
 def test_an_untraced_steps_buckets_are_made_natively_as_python_makes_them(native_built, gloo_alone, instrumented, monkeypatch):
     """take_split() makes untraced steps' bucket records in C++: field for field what ddp_native._record makes
     of the same entry, with the model's backward context (no bucket numbering: no span will show it)."""
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    import torch.distributed as dist
-    from otel_torchdist.capture import ddp_native, groups
+    from otel_torchdist.capture import ddp_native
 
     instrumented(run_id="native-split", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=1000)
-    gi = groups.info(dist.group.WORLD)
-    mod = native.load()
-    monkeypatch.setattr(gi, "completion", groups.COMPLETION_NCCL_HOOK)  # entries wait for a report: readable first
-    model = DDP(_mlp())
-    monkeypatch.setattr(gi, "completion", groups.COMPLETION_FUTURE)
-    _train(model, 3)
-    for e in mod.in_flight():
-        _report(gi, e[ddp_native.E_SEQ])
-    ddp_native.take(None, 0, force=True)
+    model, gi, mod = _hooked_ddp(_mlp(), monkeypatch, 3)  # hooked: its entries wait for a report, readable first
     _train(model, 2)  # untraced steps (the sampler traces none of the first 1000)
     flying = sorted(mod.in_flight(), key=lambda e: e[ddp_native.E_SEQ])
     assert len(flying) == 2 and all(ddp_native._is_bucket(e) for e in flying)
