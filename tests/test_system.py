@@ -188,8 +188,8 @@ def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_p
             second = _points(comp)
             if _value(second, n.PROCESS_CPU_TIME.name) >= cpu0 + 0.25:
                 break
-        times = os.times()
-        assert _value(second, n.PROCESS_CPU_TIME.name) <= times.user + times.system + 0.01
+        times = os.times()  # the kernel's ticks, not the sampler's clock: user and system each truncated to 10 ms
+        assert _value(second, n.PROCESS_CPU_TIME.name) <= min(time.process_time(), times.user + times.system + 0.02)
         assert 0 < _value(second, n.PROCESS_CPU_UTILIZATION.name) <= os.cpu_count() + 0.5
         with open("/proc/self/status") as f:
             vm_rss = next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmRSS:"))
@@ -204,6 +204,39 @@ def test_process_and_host_metrics_are_plausible_and_gpu_is_quietly_absent(fake_p
     if not GPU_VISIBLE:
         said = [r for r in records if "GPU" in r.getMessage()]
         assert len(said) == 1 and "GPU metrics off" in said[0].getMessage() and said[0].levelno == logging.INFO
+
+
+def test_cpu_utilization_skips_a_reading_the_clock_could_not_bracket(monkeypatch):
+    """A GIL handover between the CPU reading and its stamp cannot be forced on demand, so the clock is stepped
+    by hand here: a reading whose bracket stays wide gives no utilization, and the next good one closes the
+    window from the last good edge instead of from the late stamp."""
+    from otel_torchdist.system import process
+
+    clock = {"now": 100.0, "cpu": 5.0, "step": 0.0}
+
+    def monotonic():
+        clock["now"] += clock["step"]
+        return clock["now"]
+
+    monkeypatch.setattr(process.time, "monotonic", monotonic)
+    monkeypatch.setattr(process.time, "process_time", lambda: clock["cpu"])
+    sampler = process.ProcessSampler("h")
+
+    def utilization():
+        points = {m.metric.name: m.points for m in sampler.sample({n.M_RANK: "0"})}
+        assert points[n.PROCESS_CPU_TIME.name][0].value == clock["cpu"]
+        return [p.value for p in points.get(n.PROCESS_CPU_UTILIZATION.name, [])]
+
+    assert utilization() == []  # the first edge
+    clock["now"] += 1.0
+    clock["cpu"] += 1.5
+    clock["step"] = 0.3  # every bracket 0.3 s wide
+    assert utilization() == []
+    clock["step"] = 0.0
+    clock["now"] += 1.0
+    clock["cpu"] += 0.5
+    (cores,) = utilization()
+    assert cores == pytest.approx(2.0 / (1.0 + 8 * 0.3 + 1.0))  # CPU over the window since the first edge
 
 
 def test_cpu_time_counter_starts_when_the_process_started():
