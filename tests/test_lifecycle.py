@@ -146,3 +146,33 @@ def test_a_group_destroyed_while_uninstrumented_is_not_reported_by_the_next_inst
     finally:
         otel_torchdist.uninstrument()
         dist.destroy_process_group()
+
+
+def test_uninstrument_lets_go_of_every_process_group(gloo_alone, instrumented):
+    """A group the library kept after uninstrument() would outlive destroy_process_group() to interpreter exit,
+    where a gloo group's destructor can abort the process ("terminate called without an active exception")."""
+    import gc
+    import weakref
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist.capture import groups
+
+    instrumented()
+    sub = dist.new_group([0], group_desc="sub")
+    dist.all_reduce(torch.ones(2), group=sub)
+    dist.all_reduce(torch.ones(2))
+    assert {gi.desc for gi in groups.all_groups()} >= {"sub"}
+    gone = weakref.ref(sub)
+    otel_torchdist.uninstrument()
+    assert groups.all_groups() == [] and all(gi.pg is None for gi in groups.BY_ID)
+    dist.destroy_process_group(sub)  # unseen by the library: it is uninstrumented
+    del sub
+    gc.collect()
+    assert gone() is None
+    # a live group is found again by the next instrumentation
+    instrumented()
+    dist.all_reduce(torch.ones(2))
+    assert [gi.pg for gi in groups.all_groups()] == [dist.group.WORLD]

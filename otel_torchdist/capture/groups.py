@@ -183,8 +183,8 @@ def forget_all() -> None:
 
 
 def forget_destroyed() -> None:
-    """Forget the groups destroyed while the library was not looking (after an ``uninstrument()``): a new
-    instrumentation must not report them, nor keep them alive."""
+    """Forget the groups destroyed while the library was not looking (after a close that kept its patches,
+    at a signal or the process's end): a new instrumentation must not report them, nor keep them alive."""
     live = c10d._world.pg_map
     for pg in [pg for pg in list(_groups) if pg not in live]:
         forget(pg)
