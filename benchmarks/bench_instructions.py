@@ -457,9 +457,9 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         plain = variant.split()[0] + " plain"
         compared = variant != plain and has(plain)
         mine = on_thread[(variant, "steps")]
-        line = f"{variant:<31} {mine / 1e6:13.2f} M"
+        line = f"{variant:<31} {mine / 1e6:13.3f} M"
         line += f" {_pct(mine, on_thread[(plain, 'steps')])}" if compared else f" {'':>8}"
-        line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.2f} M {timers(variant) / 1e3:5.0f} k {total(variant) / 1e6:10.2f} M"
+        line += f" {whole.get((variant, 'flush'), 0.0) / 1e6:7.3f} M {timers(variant) / 1e3:5.0f} k {total(variant) / 1e6:10.3f} M"
         line += f" {_pct(total(variant), total(plain))}" if compared else ""
         print(line)
 
@@ -467,6 +467,10 @@ def _report_ddp(args: argparse.Namespace, counts: tuple[dict[str, int], dict[str
         print(
             f"training thread, per DDP step: otel-torchdist {(on_thread[('DDP instrumented', 'steps')] - on_thread[('DDP plain', 'steps')]) / 1e3:.0f} k "
             "instructions over plain DDP (default settings)"
+        )
+        print(
+            f"all threads, per DDP step: otel-torchdist {(total('DDP instrumented') - total('DDP plain')) / 1e3:.0f} k "
+            "instructions over plain DDP, the deferred work included"
         )
     if has("DDP plain", "DDP leanest Python hook", "DDP instrumented via comm hook"):
         floor = on_thread[("DDP leanest Python hook", "steps")]
