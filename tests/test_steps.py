@@ -305,14 +305,26 @@ def test_an_optimizers_first_step_is_warmup_not_slow(fake_pg, instrumented):
     assert [w["attributes"][n.STEP] for w in warnings] == [15]
 
 
-def test_step_ids_continue_the_prefix_hash():
-    """The ids are SHA-256 of the documented strings (a prefix hash continued, not a different hash)."""
+def test_step_ids_are_the_documented_shake_stream():
+    """The ids are read from SHAKE-128 of the documented string, 64 steps to a block (steps.step_ids)."""
     import hashlib
 
     trace, root, rank_span = step_ids("run-z", 42, 3)
-    whole = hashlib.sha256(b"run-z:step:42").digest()
-    assert trace == int.from_bytes(whole[:16], "big") and root == int.from_bytes(whole[16:24], "big")
-    assert rank_span == int.from_bytes(hashlib.sha256(b"run-z:step:42:rank:3").digest()[:8], "big")
+    stream = hashlib.shake_128(b"run-z:steps:0").digest(32 * 64)
+    chunk = stream[32 * 42 : 32 * 43]
+    assert trace == int.from_bytes(chunk[:16], "big") and root == int.from_bytes(chunk[16:24], "big")
+    assert rank_span == int.from_bytes(chunk[24:], "big") ^ (3 * 0x9E3779B97F4A7C15 % 2**64)
+    # the next block, and a number below 0 (explicit steps may be numbered so): floor division
+    assert step_ids("run-z", 64, 0)[0] == int.from_bytes(hashlib.shake_128(b"run-z:steps:1").digest(16), "big")
+    last = hashlib.shake_128(b"run-z:steps:-1").digest(32 * 64)[32 * 63 :]
+    assert step_ids("run-z", -1, 0)[1] == int.from_bytes(last[16:24], "big")
+
+
+def test_step_span_ids_differ_across_ranks_and_steps():
+    ids = {step_ids("run-w", i, r)[2] for i in range(200) for r in range(64)}
+    roots = {step_ids("run-w", i, 0)[1] for i in range(200)}
+    assert len(ids) == 200 * 64 and not ids & roots
+    assert len({step_ids("run-w", i, 0)[0] for i in range(200)}) == 200
 
 
 def test_queued_work_of_a_training_step_is_untracked_by_the_collector(gloo_alone, instrumented):

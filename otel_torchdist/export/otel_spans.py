@@ -49,7 +49,7 @@ class ChosenIds:
         return chosen or self.own.generate_span_id()
 
     def is_trace_id_random(self) -> bool:
-        # Step trace ids are SHA-256 digests: as uniform as the provider's random ones.
+        # Step trace ids are SHAKE-128 output (steps.step_ids): as uniform as the provider's random ones.
         return self.own.is_trace_id_random()
 
 
