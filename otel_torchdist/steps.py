@@ -433,16 +433,24 @@ class StepTracker:
         return _TAKEOVER
 
     def prepare_ids(self) -> None:
-        """On the drain thread: make the contexts of the coming steps, so that begin() finds them."""
+        """On the drain thread: make the contexts of the coming steps, so that begin() finds them.
+
+        Kept IDS_AHEAD steps ahead at every step's close, so each step's ids are made by the close of one
+        step before it, evenly (not in lumps of half the table, which a benchmark's sections could miss)."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
         index = self.index
-        if self.trace_key is None or index + IDS_AHEAD // 2 in table:
+        last = index + IDS_AHEAD
+        if self.trace_key is None or last in table:
             return
-        # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
-        # which would break an iteration over the dict itself.
-        for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
-            table.pop(stale, None)
-        for i in range(index + 1, index + IDS_AHEAD + 1):
+        if len(table) >= IDS_AHEAD:
+            # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
+            # which would break an iteration over the dict itself.
+            for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
+                table.pop(stale, None)
+        first = last
+        while first > index + 1 and first - 1 not in table:  # the steps made before: one back, step by step
+            first -= 1
+        for i in range(first, last + 1):
             if i not in table:
                 table[i] = self._ids_of(i, 0)
 
