@@ -398,6 +398,71 @@ def test_a_hooked_backward_is_held_until_its_last_bucket_is_reported(native_buil
     assert all(a[n.COLL_END_SOURCE] == n.END_NCCL_HOOK for a in last)
 
 
+def test_an_untraced_steps_buckets_are_folded_natively_as_their_records_fold(native_built, gloo_alone, instrumented, monkeypatch):
+    """take_fold() folds untraced steps' buckets from their entries: the same store, step statistics and last
+    completed sequence number as fold() makes of the records take_split() would have made of them; a group
+    size whose bus factor is not known yet leaves its bucket a record (for Pipeline.process)."""
+    from collections import deque
+
+    from otel_torchdist import bandwidth
+    from otel_torchdist.capture import ddp_native
+    from otel_torchdist.drain.metrics import Series
+    from otel_torchdist.drain.step_stats import StepStats
+
+    instrumented(run_id="native-fold", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=1000)
+    model, gi, mod = _hooked_ddp(_mlp(), monkeypatch, 3)
+
+    def flown(gpu_ns):
+        _train(model, 2)  # untraced steps (the sampler traces none of the first 1000), a bucket each
+        flying = sorted(mod.in_flight(), key=lambda e: e[ddp_native.E_SEQ])
+        assert len(flying) == 2 and all(ddp_native._is_bucket(e) for e in flying)
+        for i, e in enumerate(flying):
+            _report(gi, e[ddp_native.E_SEQ], gpu_ns=gpu_ns + 1_000 * i)  # whole microseconds: a timedelta's
+        return flying
+
+    def folding():
+        stats: dict = {}
+        store = mod.MetricStore((1e-6, 1.0), Series)
+        failed: list = []
+        args = (store, stats, lambda index: stats.setdefault(index, StepStats()), failed.append, None)
+        return store, stats, failed, args
+
+    def state(store, stats):
+        return (
+            store.snapshot(),
+            {k: (v.collectives, v.nbytes, v.intervals.tail) for k, v in stats.items()},
+            gi.last_completed,
+        )
+
+    bandwidth.FACTORS[("all_reduce", gi.size)] = bandwidth.bus_factor("all_reduce", gi.size)
+    flying = flown(5_000)
+    gi.last_completed = 0
+    store, stats, failed, args = folding()
+    folded, fast, rest = mod.take_fold(*args)
+    assert (folded, fast, rest, failed) == (2, [], [], [])
+    natively = state(store, stats)
+    # the same entries as take_split()'s records, folded by fold()
+    gi.last_completed = 0
+    store, stats, failed, args = folding()
+    ends = {t0: t1 for st in natively[1].values() for t0, t1 in st[2]}  # the reported ends, as folded
+    records = []
+    for e in flying:
+        rec = ddp_native._record(e, None, n.END_FUTURE)
+        rec[R.CTX] = ddp_native._models[e[ddp_native.E_OWNER]][1]
+        rec[R.T_END], rec[R.GPU_NS], rec[R.END] = ends[e[ddp_native.E_T0]], 5_000 + 1_000 * len(records), n.END_NCCL_HOOK
+        records.append(tuple(rec))
+    assert mod.fold(store, stats, deque(records), False, args[2], args[3], None) == 2 and failed == []
+    assert state(store, stats) == natively
+    assert natively[0] and natively[2] == max(e[ddp_native.E_SEQ] for e in flying)
+    # no bus factor yet for the group's size: the buckets come back as the records take_split() makes
+    bandwidth.FACTORS.clear()
+    flown(6_000)
+    store, stats, failed, args = folding()
+    folded, fast, rest = mod.take_fold(*args)
+    assert folded == 0 and len(fast) == 2 and rest == [] and stats == {} and store.snapshot() == {}
+    assert all(type(r) is tuple and r[R.END] == n.END_NCCL_HOOK for r in fast)
+
+
 def test_an_untraced_steps_buckets_are_made_natively_as_python_makes_them(native_built, gloo_alone, instrumented, monkeypatch):
     """take_split() makes untraced steps' bucket records in C++: field for field what ddp_native._record makes
     of the same entry, with the model's backward context (no bucket numbering: no span will show it)."""
