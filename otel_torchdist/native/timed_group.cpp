@@ -502,27 +502,19 @@ PyObject* bucket_record(const Entry& e, PyObject* step) {
 
 // take() split in two: the records of untraced steps' gradient buckets, made here (no place in their
 // backward pass is waited for: only the metrics see them), and the other entries as take() gives them.
-// The step context of an untraced step's gradient bucket (borrowed), else nullptr.
-PyObject* untraced_bucket(const Entry& e) {
-  return (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
-}
-
-// `e` appended to `fast` as a bucket record when `step` is its untraced step's context, else to `rest` as
-// an entry.
-void split_one(const Entry& e, PyObject* step, py::list& fast, py::list& rest) {
-  PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
-  if (item == nullptr) throw py::error_already_set();
-  if (PyList_Append(step != nullptr ? fast.ptr() : rest.ptr(), item) < 0) {
-    Py_DECREF(item);
-    throw py::error_already_set();
-  }
-  Py_DECREF(item);
-}
-
 py::tuple take_split() {
   if (!S.ready) throw py::value_error("take_split: split_setup() first");
   py::list fast, rest;
-  for (const Entry& e : take_done()) split_one(e, untraced_bucket(e), fast, rest);
+  for (const Entry& e : take_done()) {
+    PyObject* step = (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
+    PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
+    if (item == nullptr) throw py::error_already_set();
+    if (PyList_Append(step != nullptr ? fast.ptr() : rest.ptr(), item) < 0) {
+      Py_DECREF(item);
+      throw py::error_already_set();
+    }
+    Py_DECREF(item);
+  }
   return py::make_tuple(fast, rest);
 }
 
@@ -548,7 +540,7 @@ py::tuple take_fold(py::object store, py::object step_stats, py::object open_ste
   std::vector<char> candidate(got.size(), 0);
   for (size_t i = 0; i < got.size(); ++i) {
     const Entry& e = got[i];
-    PyObject* step = untraced_bucket(e);
+    PyObject* step = (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
     if (step == nullptr) continue;
     candidate[i] = 1;
     // fold() folds a record under a framework context only when that context opened no span
@@ -570,8 +562,16 @@ py::tuple take_fold(py::object store, py::object step_stats, py::object open_ste
       ++count;
       continue;
     }
+    const Entry& e = got[i];
     // a candidate's step may have left the ring meanwhile (open_step ran Python): then it is an entry
-    split_one(got[i], candidate[i] ? untraced_bucket(got[i]) : nullptr, fast, rest);
+    PyObject* step = candidate[i] ? untraced_step(e) : nullptr;
+    PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
+    if (item == nullptr) throw py::error_already_set();
+    if (PyList_Append(step != nullptr ? fast.ptr() : rest.ptr(), item) < 0) {
+      Py_DECREF(item);
+      throw py::error_already_set();
+    }
+    Py_DECREF(item);
   }
   return py::make_tuple(count, fast, rest);
 }
