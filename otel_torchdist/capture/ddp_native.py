@@ -14,8 +14,7 @@ backward's buckets in index order, each once, so a bucket's index is its place a
 all-reduces on that group. Whether it is the last is known once the backward is over: a backward's buckets
 are held until another backward on the group issues one, the step changes, or ``HOLD_NS`` pass, then
 released together. That numbering only shows in spans: the buckets of an untraced step (nearly all, at the
-default sampling) are not held: the native part folds them into the pipeline's metrics and step statistics
-without records (``take_fold()``, where the pipeline folds natively), or makes their records (``take_split()``). The
+default sampling) are not held, and the native part makes their records itself (``take_split()``). The
 model's ``process_group``, and everything Python does with it, stay the real group; DDP's parameters are
 what they are without otel-torchdist (no hook, no pass of ours).
 
@@ -284,28 +283,17 @@ def _release(owner: int, held: _Backward, out: list) -> None:
 def take(tracker: Any, now: int, force: bool = False) -> list[tuple]:
     """Records of the collectives completed since the last call, in the order the pipeline processes them;
     a backward's buckets once the backward is known to be over (``force``: all of them now)."""
-    return take_folding(tracker, now, force, None)[0]
-
-
-def take_folding(tracker: Any, now: int, force: bool, fold: tuple | None) -> tuple[list[tuple], int]:
-    """take(); with ``fold`` (the pipeline's store, step statistics, open_step, report and tap, as the native
-    fold() takes them), untraced steps' gradient buckets are folded by the native part without records.
-    Returns (records, how many were folded)."""
     mod = _mod
     if mod is None:
-        return [], 0
+        return []
     out: list[tuple] = []
     dropped = mod.take_dropped()
     if dropped:
         R._dropped[0] += dropped
     slot = R.SLOTS[0]
-    # Untraced steps' gradient buckets only the metrics see, so their place in their backward pass is not
-    # waited for: folded, or made into records by the native part; the rest come as entries.
-    if fold is not None:
-        folded, fast, entries = mod.take_fold(*fold)
-    else:
-        folded = 0
-        fast, entries = mod.take_split()
+    # Untraced steps' gradient buckets come as records (only the metrics see them, so their place in their
+    # backward pass is not waited for); the rest as entries.
+    fast, entries = mod.take_split()
     out.extend(fast)
     for e in entries:
         rec = _record(e, tracker, n.END_FUTURE)
@@ -324,7 +312,7 @@ def take_folding(tracker: Any, now: int, force: bool, fold: tuple | None) -> tup
         records.append((e[E_SEQ], e[E_T0], len(records), rec))
         held.last_t = e[E_T1]
     if not _held:
-        return out, folded
+        return out
     flying = None
     for owner in list(_held):
         held = _held[owner]
@@ -338,7 +326,7 @@ def take_folding(tracker: Any, now: int, force: bool, fold: tuple | None) -> tup
             if (owner, held.key) in flying:
                 continue
         _release(owner, _held.pop(owner), out)
-    return out, folded
+    return out
 
 
 def in_flight() -> list[tuple]:
@@ -358,6 +346,4 @@ def abandon(tracker: Any) -> list[list]:
     return [_record(e, tracker, n.END_UNFINISHED) for e in mod.abandon()]
 
 
-__all__ = [
-    "SOURCE", "activate", "module", "attach", "deactivate", "forget", "in_flight", "is_attached", "take", "take_folding", "abandon"
-]  # fmt: skip
+__all__ = ["SOURCE", "activate", "module", "attach", "deactivate", "forget", "in_flight", "is_attached", "take", "abandon"]

@@ -165,11 +165,10 @@ class Pipeline:
                 count += self._process_all(q)
                 if ddp_native.active():
                     try:
-                        native, folded = ddp_native.take_folding(self.step_tracker, perf_counter_ns(), force, self._fold_args())
+                        native = ddp_native.take(self.step_tracker, perf_counter_ns(), force)
                     except Exception as exc:
                         health.error("pipeline", "could not take the native capture's records", exc)
-                        native, folded = (), 0
-                    count += folded
+                        native = ()
                     if native:
                         count += self._process_all(deque(native))
                 for _ in range(closes):
@@ -206,13 +205,6 @@ class Pipeline:
             self.meter = meter
         self.framework.set_tap(meter.tap, self.base_labels)
         meter.read_from(self.metric_data)
-
-    def _fold_args(self) -> tuple | None:
-        """What the native part folds untraced steps' DDP buckets with (ddp_native.take_folding), as fold()."""
-        if self._fold is None:
-            return None
-        tap = self.meter.collective_value if self.meter is not None else None
-        return (self.store, self.step_stats, self.open_step_stats, self._fold_failed, tap)
 
     def _fold_failed(self, exc: Exception) -> None:
         health.error("pipeline", "could not fold a record into the metrics", exc)

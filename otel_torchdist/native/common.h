@@ -15,14 +15,6 @@ enum : Py_ssize_t {
 
 int64_t now_ns();  // timed_group.cpp: time.perf_counter_ns()'s clock
 
-// An untraced step's gradient bucket as the native group logged it (timed_group.cpp's take_fold), for
-// fold.cpp's fold_buckets: what its record would carry. `step` (the step's context) is owned by the caller.
-struct Bucket {
-  PyObject* step;
-  int64_t gid, seq, t0, t1, nbytes, gpu_ns;  // seq, gpu_ns: -1 when none
-  PyObject* end;  // names.END_FUTURE or END_NCCL_HOOK
-};
-
 struct Ref {  // an owned reference
   PyObject* p;
   explicit Ref(PyObject* o = nullptr) : p(o) {}

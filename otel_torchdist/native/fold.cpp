@@ -15,8 +15,6 @@
 // open_step, report, tap) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats),
 // report(exc) told of a record whose fold failed once taken (it is counted, and the fold goes on), and tap,
 // None or tap(op, group label, seconds) for every record folded (Pipeline.meter.collective_value).
-// fold_buckets() does the same for the native group's untraced gradient buckets without their records
-// (timed_group.cpp's take_fold, with fold()'s store, step_stats, open_step, report and tap).
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -330,58 +328,6 @@ struct FactorMemo {
   double factor = 0;
 };
 
-// A record left for Pipeline.process: 0, which meets the same error, if any, where it reports errors; an
-// exception that is not an error (KeyboardInterrupt on a flush from the main thread) goes on: -1.
-int other() {
-  if (PyErr_Occurred()) {
-    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-    PyErr_Clear();
-  }
-  return 0;
-}
-
-// What folding a collective of group `g`, kind `kind`, in step `step` (Py_None: outside a step) needs from
-// the Python side, into `r`: 1, or what other() says.
-int look_up(Read& r, Py_ssize_t g, PyObject* kind, PyObject* step, PyObject* step_stats, PyObject* open_step,
-            FactorMemo& memo) {
-  if (g < 0 || g >= PyList_GET_SIZE(G.by_id)) return other();
-  r.gi.p = Py_NewRef(PyList_GET_ITEM(G.by_id, g));
-  {
-    Ref size(PyObject_GetAttr(r.gi.p, G.s_size));
-    if (size.p == nullptr || !PyLong_CheckExact(size.p)) return other();
-    int overflow = 0;
-    long n = PyLong_AsLongAndOverflow(size.p, &overflow);
-    if (overflow || PyErr_Occurred()) return other();
-    if (memo.kind.p == kind && memo.size == n) {
-      r.factor = memo.factor;
-    } else {
-      Ref key(PyTuple_Pack(2, kind, size.p));
-      if (key.p == nullptr) return other();
-      PyObject* f = PyDict_GetItemWithError(G.factors, key.p);  // borrowed
-      if (f == nullptr || !PyFloat_CheckExact(f)) return other();  // not met yet: Pipeline.process fills it in
-      r.factor = PyFloat_AS_DOUBLE(f);
-      Py_XSETREF(memo.kind.p, Py_NewRef(kind));
-      memo.size = n;
-      memo.factor = r.factor;
-    }
-  }
-  r.label.p = PyObject_GetAttr(r.gi.p, G.s_label);
-  if (r.label.p == nullptr || !PyUnicode_CheckExact(r.label.p)) return other();
-  if (step != Py_None) {  // last: a record left for Pipeline.process leaves no step opened
-    PyObject* index = PyTuple_GET_ITEM(step, 0);
-    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
-    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
-      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) return other();
-    }
-    r.intervals.p = PyObject_GetAttr(r.stats.p, G.s_intervals);
-    r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
-    r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
-    r.step_nbytes.p = r.collectives.p ? PyObject_GetAttr(r.stats.p, G.s_nbytes) : nullptr;
-    if (r.step_nbytes.p == nullptr || !PyList_CheckExact(r.tail.p)) return other();
-  }
-  return 1;
-}
-
 // 1: `rec` read into `r`, one to fold; 0: one for Pipeline.process (nothing read is kept); -1: an error
 // that is not the record's (a BaseException such as KeyboardInterrupt) to pass on.
 int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyObject* open_step, FactorMemo& memo) {
@@ -407,22 +353,63 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyO
   long long start = PyLong_AsLongLongAndOverflow(t0, &overflow);
   long long end = overflow ? 0 : PyLong_AsLongLongAndOverflow(t1, &overflow);
   r.nbytes = overflow ? 0 : PyLong_AsLongLongAndOverflow(nbytes, &overflow);
-  if (PyErr_Occurred() || overflow) return other();
+  if (PyErr_Occurred() || overflow || g < 0 || g >= PyList_GET_SIZE(G.by_id)) goto other;
   if (gpu != Py_None) {
     double ns = PyFloat_AsDouble(gpu);  // as gpu_ns / 1e9 converts an int
-    if (ns == -1.0 && PyErr_Occurred()) return other();
+    if (ns == -1.0 && PyErr_Occurred()) goto other;
     r.seconds = ns / 1e9;
   } else {
     long long elapsed;
-    if (__builtin_sub_overflow(end, start, &elapsed)) return other();
+    if (__builtin_sub_overflow(end, start, &elapsed)) goto other;
     r.seconds = elapsed > 0 ? static_cast<double>(elapsed) / 1e9 : 0.0;
   }
-  return look_up(r, g, kind, step, step_stats, open_step, memo);
+  r.gi.p = Py_NewRef(PyList_GET_ITEM(G.by_id, g));
+  {
+    Ref size(PyObject_GetAttr(r.gi.p, G.s_size));
+    if (size.p == nullptr || !PyLong_CheckExact(size.p)) goto other;
+    long n = PyLong_AsLongAndOverflow(size.p, &overflow);
+    if (overflow || PyErr_Occurred()) goto other;
+    if (memo.kind.p == kind && memo.size == n) {
+      r.factor = memo.factor;
+    } else {
+      Ref key(PyTuple_Pack(2, kind, size.p));
+      if (key.p == nullptr) goto other;
+      PyObject* f = PyDict_GetItemWithError(G.factors, key.p);  // borrowed
+      if (f == nullptr || !PyFloat_CheckExact(f)) goto other;  // not met yet: Pipeline.process fills it in
+      r.factor = PyFloat_AS_DOUBLE(f);
+      Py_XSETREF(memo.kind.p, Py_NewRef(kind));
+      memo.size = n;
+      memo.factor = r.factor;
+    }
+  }
+  r.label.p = PyObject_GetAttr(r.gi.p, G.s_label);
+  if (r.label.p == nullptr || !PyUnicode_CheckExact(r.label.p)) goto other;
+  if (step != Py_None) {  // last: a record left for Pipeline.process leaves no step opened
+    PyObject* index = PyTuple_GET_ITEM(step, 0);
+    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
+    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
+      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) goto other;
+    }
+    r.intervals.p = PyObject_GetAttr(r.stats.p, G.s_intervals);
+    r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
+    r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
+    r.step_nbytes.p = r.collectives.p ? PyObject_GetAttr(r.stats.p, G.s_nbytes) : nullptr;
+    if (r.step_nbytes.p == nullptr || !PyList_CheckExact(r.tail.p)) goto other;
+  }
+  return 1;
+other:
+  // Pipeline.process takes it from here and meets the same error, if any, where it reports errors; an
+  // exception that is not an error (KeyboardInterrupt on a flush from the main thread) goes on.
+  if (PyErr_Occurred()) {
+    if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
+    PyErr_Clear();
+  }
+  return 0;
 }
 
-// A step's intervals, count and bytes, with the collective's: 0, or -1 with an error set.
-int update_step(Read& r, PyObject* t0, PyObject* t1, PyObject* nbytes) {
-  Ref interval(PyTuple_Pack(2, t0, t1));
+// A step's intervals, count and bytes, with `rec`'s: 0, or -1 with an error set.
+int update_step(PyObject* rec, Read& r) {
+  Ref interval(PyTuple_Pack(2, PyTuple_GET_ITEM(rec, kTStart), PyTuple_GET_ITEM(rec, kTEnd)));
   if (interval.p == nullptr || PyList_Append(r.tail.p, interval.p) < 0) return -1;
   if (PyList_GET_SIZE(r.tail.p) >= G.cap) {
     Ref done(PyObject_CallMethodNoArgs(r.intervals.p, G.s_compact));
@@ -431,52 +418,38 @@ int update_step(Read& r, PyObject* t0, PyObject* t1, PyObject* nbytes) {
   Ref one(PyLong_FromLong(1));
   if (one.p == nullptr) return -1;
   Ref collectives(PyNumber_Add(r.collectives.p, one.p));
-  Ref step_nbytes(collectives.p ? PyNumber_Add(r.step_nbytes.p, nbytes) : nullptr);
+  Ref step_nbytes(collectives.p ? PyNumber_Add(r.step_nbytes.p, PyTuple_GET_ITEM(rec, kNbytes)) : nullptr);
   if (step_nbytes.p == nullptr || PyObject_SetAttr(r.stats.p, G.s_collectives, collectives.p) < 0 ||
       PyObject_SetAttr(r.stats.p, G.s_nbytes, step_nbytes.p) < 0)
     return -1;
   return 0;
 }
 
-// Folds a collective read into `r` as Pipeline.process would: 0, or -1 with an error set. `tap`, when not
-// None, gets (op, group label, seconds) of every collective folded (Pipeline.meter: a MeterProvider's histogram).
-int fold_values(StoreObject* store, Read& r, PyObject* op, PyObject* t0, PyObject* t1, PyObject* nbytes, bool error,
-                PyObject* seq, PyObject* end, PyObject* tap) {
-  if (r.stats.p != nullptr && update_step(r, t0, t1, nbytes) < 0) return -1;
-  if (observe(store, op, r.label.p, r.seconds, r.nbytes, static_cast<double>(r.nbytes) * r.factor, error, nullptr) < 0)
+// Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set. `tap`, when not
+// None, gets (op, group label, seconds) of every record folded (Pipeline.meter: a MeterProvider's histogram).
+int fold_one(StoreObject* store, PyObject* rec, Read& r, PyObject* tap) {
+  if (r.stats.p != nullptr && update_step(rec, r) < 0) return -1;
+  PyObject* error = PyTuple_GET_ITEM(rec, kError);
+  if (observe(store, PyTuple_GET_ITEM(rec, kOp), r.label.p, r.seconds, r.nbytes, static_cast<double>(r.nbytes) * r.factor,
+              error != Py_None, nullptr) < 0)
     return -1;
   if (tap != Py_None) {
     Ref seconds(PyFloat_FromDouble(r.seconds));
     if (seconds.p == nullptr) return -1;
-    PyObject* targs[] = {op, r.label.p, seconds.p};
+    PyObject* targs[] = {PyTuple_GET_ITEM(rec, kOp), r.label.p, seconds.p};
     Ref tapped(PyObject_Vectorcall(tap, targs, 3, nullptr));
     if (tapped.p == nullptr) return -1;
   }
-  if (seq == Py_None || error) return 0;
+  PyObject* seq = PyTuple_GET_ITEM(rec, kSeq);
+  if (seq == Py_None || error != Py_None) return 0;
   // A collective that failed did not complete: counting it would tell the hang report it completed later.
   Ref last(PyObject_GetAttr(r.gi.p, G.s_last_completed));
   if (last.p == nullptr) return -1;
   int later = PyObject_RichCompareBool(seq, last.p, Py_GT);
   if (later <= 0) return later;
-  int finished = PyObject_RichCompareBool(end, G.unfinished, Py_NE);
+  int finished = PyObject_RichCompareBool(PyTuple_GET_ITEM(rec, kEnd), G.unfinished, Py_NE);
   if (finished <= 0) return finished;
   return PyObject_SetAttr(r.gi.p, G.s_last_completed, seq);
-}
-
-// Folds `rec`, taken from the queue: fold_values with the record's own fields.
-int fold_one(StoreObject* store, PyObject* rec, Read& r, PyObject* tap) {
-  return fold_values(store, r, PyTuple_GET_ITEM(rec, kOp), PyTuple_GET_ITEM(rec, kTStart), PyTuple_GET_ITEM(rec, kTEnd),
-                     PyTuple_GET_ITEM(rec, kNbytes), PyTuple_GET_ITEM(rec, kError) != Py_None,
-                     PyTuple_GET_ITEM(rec, kSeq), PyTuple_GET_ITEM(rec, kEnd), tap);
-}
-
-// A collective whose fold failed once taken: report(exc) is told (Pipeline._process_all reports process()'s
-// failures alike) and the fold goes on: 0; -1 for an exception that is not an error, or report's own failure.
-int report_failure(PyObject* report) {
-  if (!PyErr_ExceptionMatches(PyExc_Exception)) return -1;
-  Raised raised;
-  Ref reported(PyObject_CallOneArg(report, raised.value));
-  return reported.p == nullptr ? -1 : 0;
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
@@ -517,7 +490,12 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
       return nullptr;
     }
     ++done;
-    if (fold_one(store, rec.p, r, tap) < 0 && report_failure(report) < 0) return nullptr;
+    if (fold_one(store, rec.p, r, tap) < 0) {  // reported as Pipeline._process_all reports process()'s failures
+      if (!PyErr_ExceptionMatches(PyExc_Exception)) return nullptr;
+      Raised raised;
+      Ref reported(PyObject_CallOneArg(report, raised.value));
+      if (reported.p == nullptr) return nullptr;
+    }
   }
   return PyLong_FromSsize_t(done);
 }
@@ -564,34 +542,6 @@ PyMethodDef kMethods[] = {
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
-
-int fold_buckets(PyObject* store, PyObject* step_stats, PyObject* open_step, PyObject* report, PyObject* tap, PyObject* op,
-                 PyObject* kind, const std::vector<otel_native::Bucket>& buckets, std::vector<char>& folded) {
-  if (!G.ready || !PyObject_TypeCheck(store, &StoreType) || !PyDict_Check(step_stats) || !PyCallable_Check(open_step) ||
-      !PyCallable_Check(report) || (tap != Py_None && !PyCallable_Check(tap))) {
-    PyErr_SetString(PyExc_TypeError, "take_fold(store: MetricStore, step_stats: dict, open_step, report, tap), after fold_setup()");
-    return -1;
-  }
-  StoreObject* self = reinterpret_cast<StoreObject*>(store);
-  FactorMemo memo;
-  folded.assign(buckets.size(), 0);
-  for (size_t i = 0; i < buckets.size(); ++i) {
-    const otel_native::Bucket& b = buckets[i];
-    Read r;
-    r.nbytes = b.nbytes;
-    // as read() makes them from the record take_split() would have made
-    r.seconds = b.gpu_ns >= 0 ? static_cast<double>(b.gpu_ns) / 1e9 : b.t1 > b.t0 ? static_cast<double>(b.t1 - b.t0) / 1e9 : 0.0;
-    int ours = look_up(r, Py_ssize_t(b.gid), kind, b.step, step_stats, open_step, memo);
-    if (ours < 0) return -1;
-    if (ours == 0) continue;
-    folded[i] = 1;
-    Ref t0(PyLong_FromLongLong(b.t0)), t1(PyLong_FromLongLong(b.t1)), nbytes(PyLong_FromLongLong(b.nbytes)),
-        seq(b.seq >= 0 ? PyLong_FromLongLong(b.seq) : Py_NewRef(Py_None));
-    int done = t0.p && t1.p && nbytes.p && seq.p ? fold_values(self, r, op, t0.p, t1.p, nbytes.p, false, seq.p, b.end, tap) : -1;
-    if (done < 0 && report_failure(report) < 0) return -1;
-  }
-  return 0;
-}
 
 int add_to(PyObject* module) {
   StoreType.tp_name = "otel_torchdist_native.MetricStore";

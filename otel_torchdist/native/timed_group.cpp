@@ -29,11 +29,6 @@
 
 #include "common.h"
 
-namespace otel_fold {  // fold.cpp: untraced steps' gradient buckets folded without their records (take_fold)
-int fold_buckets(PyObject* store, PyObject* step_stats, PyObject* open_step, PyObject* report, PyObject* tap, PyObject* op,
-                 PyObject* kind, const std::vector<otel_native::Bucket>& buckets, std::vector<char>& folded);
-}
-
 namespace otel_native {
 // time.perf_counter_ns() on Linux: CLOCK_MONOTONIC, so records from here, from hot_path.cpp and from Python
 // share one clock.
@@ -50,7 +45,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 8;
+constexpr int kVersion = 7;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -452,22 +447,19 @@ PyObject* untraced_step(const Entry& e) {
   return ctx;
 }
 
-// The model context a bucket record would carry (borrowed; the models' entry or the default backward one).
-PyObject* bucket_context(const Entry& e) {
-  otel_native::Ref owner(PyLong_FromLongLong(e.owner));
-  PyObject* pair = owner.p ? PyDict_GetItemWithError(S.models, owner.p) : nullptr;  // borrowed
-  if (PyErr_Occurred()) PyErr_Clear();
-  if (pair != nullptr && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) return PyTuple_GET_ITEM(pair, 1);
-  return S.backward;
-}
-
 // A gradient bucket's record of an untraced step, as ddp_native.take's fast path writes it (record.py's
 // fields), or nullptr with an error set.
 PyObject* bucket_record(const Entry& e, PyObject* step) {
   using namespace otel_native::record;
   // Owned at once: an allocation below may run the garbage collector, and a finalizer another thread that
   // replaces the ring's slot or the models' entry.
-  otel_native::Ref stepctx(Py_NewRef(step)), model(Py_NewRef(bucket_context(e))), redop;
+  otel_native::Ref stepctx(Py_NewRef(step)), model, redop;
+  {
+    otel_native::Ref owner(PyLong_FromLongLong(e.owner));
+    PyObject* pair = owner.p ? PyDict_GetItemWithError(S.models, owner.p) : nullptr;  // borrowed
+    if (pair != nullptr && PyTuple_CheckExact(pair) && PyTuple_GET_SIZE(pair) == 2) model.p = Py_NewRef(PyTuple_GET_ITEM(pair, 1));
+    if (PyErr_Occurred()) PyErr_Clear();
+  }
   {
     otel_native::Ref key(PyLong_FromLong(e.redop));
     PyObject* found = key.p ? PyDict_GetItemWithError(S.redops, key.p) : nullptr;  // borrowed
@@ -490,7 +482,7 @@ PyObject* bucket_record(const Entry& e, PyObject* step) {
             set(kRedop, Py_NewRef(redop.p ? redop.p : Py_None)) &&
             set(kEnd, Py_NewRef(e.hooked ? S.end_hooked : S.end_future)) && set(kError, none()) && set(kParent, none()) &&
             set(kExtra, none()) && set(kGpuNs, e.gpu_ns >= 0 ? PyLong_FromLongLong(e.gpu_ns) : none()) &&
-            set(kInner, Py_NewRef(Py_False)) && set(kCtx, Py_NewRef(model.p)) &&
+            set(kInner, Py_NewRef(Py_False)) && set(kCtx, Py_NewRef(model.p ? model.p : S.backward)) &&
             set(kBwd, PyBool_FromLong(e.graph_task != -1)) && set(kStepCtx, stepctx.release());
   if (!ok) {
     Py_DECREF(rec);
@@ -516,64 +508,6 @@ py::tuple take_split() {
     Py_DECREF(item);
   }
   return py::make_tuple(fast, rest);
-}
-
-namespace {
-// Owned step contexts, released however take_fold ends.
-struct OwnedSteps {
-  std::vector<otel_native::Bucket> buckets;
-  ~OwnedSteps() {
-    for (auto& b : buckets) Py_DECREF(b.step);
-  }
-};
-}  // namespace
-
-// take_split() with the fold in: untraced steps' gradient buckets are folded into the pipeline's store and
-// step statistics straight from their entries (fold.cpp's fold_buckets: what fold() does with the record
-// take_split() would make, without making it); those fold_buckets leaves (a group size whose bus factor is
-// not known yet) come back as records, the other entries as take() gives them: (folded, records, entries).
-py::tuple take_fold(py::object store, py::object step_stats, py::object open_step, py::object report, py::object tap) {
-  if (!S.ready) throw py::value_error("take_fold: split_setup() first");
-  std::vector<Entry> got = take_done();
-  OwnedSteps owned;
-  std::vector<size_t> at;  // entry index of each bucket
-  std::vector<char> candidate(got.size(), 0);
-  for (size_t i = 0; i < got.size(); ++i) {
-    const Entry& e = got[i];
-    PyObject* step = (e.op == kAllreduce && !e.failed && at::isFloatingType(e.dtype)) ? untraced_step(e) : nullptr;
-    if (step == nullptr) continue;
-    candidate[i] = 1;
-    // fold() folds a record under a framework context only when that context opened no span
-    PyObject* ctx = bucket_context(e);
-    if (ctx != Py_None && (!PyTuple_CheckExact(ctx) || PyTuple_GET_SIZE(ctx) < 4 || PyTuple_GET_ITEM(ctx, 3) != Py_None)) continue;
-    owned.buckets.push_back({Py_NewRef(step), e.gid, e.seq, e.t0, e.t1, e.nbytes, e.gpu_ns, e.hooked ? S.end_hooked : S.end_future});
-    at.push_back(i);
-  }
-  std::vector<char> folded;
-  if (otel_fold::fold_buckets(store.ptr(), step_stats.ptr(), open_step.ptr(), report.ptr(), tap.ptr(), S.op, S.kind,
-                              owned.buckets, folded) < 0)
-    throw py::error_already_set();
-  std::vector<char> done(got.size(), 0);
-  for (size_t k = 0; k < at.size(); ++k) done[at[k]] = folded[k];
-  py::list fast, rest;
-  int64_t count = 0;
-  for (size_t i = 0; i < got.size(); ++i) {
-    if (done[i]) {
-      ++count;
-      continue;
-    }
-    const Entry& e = got[i];
-    // a candidate's step may have left the ring meanwhile (open_step ran Python): then it is an entry
-    PyObject* step = candidate[i] ? untraced_step(e) : nullptr;
-    PyObject* item = step != nullptr ? bucket_record(e, step) : entry_tuple(e);
-    if (item == nullptr) throw py::error_already_set();
-    if (PyList_Append(step != nullptr ? fast.ptr() : rest.ptr(), item) < 0) {
-      Py_DECREF(item);
-      throw py::error_already_set();
-    }
-    Py_DECREF(item);
-  }
-  return py::make_tuple(count, fast, rest);
 }
 
 int64_t take_dropped() {
@@ -612,8 +546,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("take", &take, "Entries of completed collectives, oldest first, removed from the log.");
   m.def("split_setup", &split_setup, "What take_split() reads: the recent steps, the models' contexts, reduce ops, names.");
   m.def("take_split", &take_split, "take(), with untraced steps' gradient buckets made into records: (records, entries).");
-  m.def("take_fold", &take_fold, py::arg("store"), py::arg("step_stats"), py::arg("open_step"), py::arg("report"), py::arg("tap"),
-        "take_split(), with untraced steps' gradient buckets folded into the store: (folded, records, entries).");
   m.def("in_flight", [] { return flying(false); }, "Entries of collectives issued and not completed.");
   m.def("abandon", [] { return flying(true); }, "Entries of collectives in flight, removed: reported unfinished, never completed.");
   m.def("report", &report, py::arg("gid"), py::arg("seq"), py::arg("t1"), py::arg("gpu_ns"),
