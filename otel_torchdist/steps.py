@@ -182,6 +182,7 @@ class StepTracker:
         # sampled, root span id) of its first occurrence): the ids and the sampling decision per step off the
         # training thread. Replaced, not cleared, when the run id changes (see prepare_ids).
         self._ids: dict[int, tuple] = {}
+        self._ids_top = 0  # the highest step number whose ids the table was given
         self.deep: Any = None
         self.pipeline: Any = None
         self.exchange: Any = None
@@ -209,7 +210,7 @@ class StepTracker:
             self.pipeline = pipeline
             pipeline.step_tracker = self
             self.trace_key, self.rank, self.world = trace_key, rank, world
-            self._ids = {}
+            self._ids, self._ids_top = {}, 0
             if not self.explicit and not self.open:
                 self.begin(source="optimizer")
 
@@ -435,24 +436,30 @@ class StepTracker:
     def prepare_ids(self) -> None:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them.
 
-        Kept IDS_AHEAD steps ahead at every step's close, so each step's ids are made by the close of one
-        step before it, evenly (not in lumps of half the table, which a benchmark's sections could miss)."""
+        Counting up, the table is kept IDS_AHEAD steps ahead at every step's close, from the highest number
+        made so far (not in lumps of half the table, which a benchmark's sections could miss); numbers that
+        jump or go down (evaluation steps numbered apart) refill it only once half of it is behind them."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
         index = self.index
         last = index + IDS_AHEAD
         if self.trace_key is None or last in table:
             return
-        if len(table) >= IDS_AHEAD:
-            # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
-            # which would break an iteration over the dict itself.
-            for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
-                table.pop(stale, None)
-        first = last
-        while first > index + 1 and first - 1 not in table:  # the steps made before: one back, step by step
-            first -= 1
-        for i in range(first, last + 1):
+        top = self._ids_top
+        if index < top < last and top in table:  # counting up, a step or more since the last call
+            for i in range(top + 1, last + 1):
+                table[i] = self._ids_of(i, 0)
+            self._ids_top = last
+            return
+        if index + IDS_AHEAD // 2 in table:
+            return
+        # list() copies the keys in C: a step begun meanwhile on the training thread pops from the table,
+        # which would break an iteration over the dict itself.
+        for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
+            table.pop(stale, None)
+        for i in range(index + 1, last + 1):
             if i not in table:
                 table[i] = self._ids_of(i, 0)
+        self._ids_top = max(top, last)
 
     def record(self, **values: float | None) -> None:
         with self._lock:

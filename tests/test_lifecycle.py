@@ -148,31 +148,59 @@ def test_a_group_destroyed_while_uninstrumented_is_not_reported_by_the_next_inst
         dist.destroy_process_group()
 
 
-def test_uninstrument_lets_go_of_every_process_group(gloo_alone, instrumented):
-    """A group the library kept after uninstrument() would outlive destroy_process_group() to interpreter exit,
-    where a gloo group's destructor can abort the process ("terminate called without an active exception")."""
+def test_a_group_destroyed_after_uninstrument_is_let_go_before_the_interpreter_ends(tmp_path):
+    """A group destroyed while uninstrumented is still held by the library: left to the interpreter's teardown,
+    a gloo group's destructor can abort the process ("terminate called without an active exception"). The
+    library lets it go at exit, while the interpreter is whole: an exit handler registered before the
+    library's runs after it (atexit runs them last in, first out) and finds the group gone."""
+    script = tmp_path / "destroyed.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import atexit, gc, os, weakref
+            import torch, torch.distributed as dist
+            held = []
+            atexit.register(lambda: (gc.collect(), print("freed at exit:", held[0]() is None, flush=True)))
+            import otel_torchdist
+            dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+            otel_torchdist.instrument(run_dir=os.environ["RUN_DIR"], summary="none", prometheus_port=0)
+            sub = dist.new_group([0], group_desc="sub")
+            dist.all_reduce(torch.ones(2), group=sub)
+            otel_torchdist.uninstrument()
+            dist.destroy_process_group(sub)  # unseen by the library: it is uninstrumented
+            held.append(weakref.ref(sub))
+            del sub
+            gc.collect()
+            print("freed before exit:", held[0]() is None, flush=True)
+            dist.destroy_process_group()
+            """
+        )
+    )
+    env = dict(os.environ, RUN_DIR=str(tmp_path / "runs"), PYTHONPATH=REPO)
+    out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "freed before exit: False" in out.stdout  # the library still holds it, until the next instrument()
+    assert "freed at exit: True" in out.stdout
+
+
+def test_a_destroyed_group_leaves_the_functional_collectives_cache(fake_pg, instrumented):
+    """funcol remembers each group argument's GroupInfo: a destroyed group must leave it (held there, it would
+    live on; its name, taken by a later group, would find the old GroupInfo)."""
     import gc
     import weakref
 
     import torch
     import torch.distributed as dist
+    import torch.distributed._functional_collectives as fc
 
-    import otel_torchdist
-    from otel_torchdist.capture import groups
+    from otel_torchdist.capture import funcol
 
     instrumented()
-    sub = dist.new_group([0], group_desc="sub")
-    dist.all_reduce(torch.ones(2), group=sub)
-    dist.all_reduce(torch.ones(2))
-    assert {gi.desc for gi in groups.all_groups()} >= {"sub"}
+    sub = dist.new_group([0, 1, 2, 3], group_desc="sub")
+    fc.wait_tensor(fc.all_reduce(torch.ones(2), "sum", sub))
+    assert sub in funcol._group_cache
     gone = weakref.ref(sub)
-    otel_torchdist.uninstrument()
-    assert groups.all_groups() == [] and all(gi.pg is None for gi in groups.BY_ID)
-    dist.destroy_process_group(sub)  # unseen by the library: it is uninstrumented
+    dist.destroy_process_group(sub)
     del sub
     gc.collect()
-    assert gone() is None
-    # a live group is found again by the next instrumentation
-    instrumented()
-    dist.all_reduce(torch.ones(2))
-    assert [gi.pg for gi in groups.all_groups()] == [dist.group.WORLD]
+    assert gone() is None and not funcol._group_cache

@@ -320,6 +320,38 @@ def test_step_ids_are_the_documented_shake_stream():
     assert step_ids("run-z", -1, 0)[1] == int.from_bytes(last[16:24], "big")
 
 
+@pytest.mark.parametrize(
+    "numbers, closes_every, most",
+    [
+        (list(range(1, 3001)), 1, 1.0),  # counting up: one step's ids at each close
+        (list(range(1, 3001)), 30, 1.0),  # a drain every 30 steps: still each step's own, no lump
+        ([x for i in range(1, 1500) for x in (i, -i)], 1, 1.1),  # evaluation steps numbered apart
+        ([x for e in range(30) for x in list(range(e * 100 + 1, e * 100 + 101)) + list(range(1, 11))], 1, 1.1),
+        ([x for e in range(20) for x in range(1, 101)], 1, 0.1),  # epochs numbered alike: repeats make their own
+    ],
+)
+def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, most, monkeypatch):
+    from otel_torchdist.config import Config
+    from otel_torchdist.steps import IDS_AHEAD, StepTracker
+
+    tracker = StepTracker(Config())
+    tracker.trace_key = "run-ids"
+    made = []
+    real = StepTracker._ids_of
+    monkeypatch.setattr(StepTracker, "_ids_of", lambda self, i, occurrence: made.append(i) or real(self, i, occurrence))
+    tracker.prepare_ids()
+    assert len(made) == IDS_AHEAD
+    made.clear()
+    for k, index in enumerate(numbers):
+        tracker.index = index
+        tracker._ids.pop(index, None)  # begun
+        if k % closes_every == 0:
+            tracker.prepare_ids()
+    assert len(made) <= most * len(numbers)
+    if numbers[1] == numbers[0] + 1 and closes_every == 1 and most == 1.0:
+        assert made == list(range(IDS_AHEAD + 1, IDS_AHEAD + 1 + len(numbers)))  # in order, each once
+
+
 def test_step_span_ids_differ_across_ranks_and_steps():
     ids = {step_ids("run-w", i, r)[2] for i in range(200) for r in range(64)}
     roots = {step_ids("run-w", i, 0)[1] for i in range(200)}

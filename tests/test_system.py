@@ -218,8 +218,8 @@ def test_cpu_utilization_skips_a_reading_the_clock_could_not_bracket(monkeypatch
         clock["now"] += clock["step"]
         return clock["now"]
 
-    monkeypatch.setattr(process.time, "monotonic", monotonic)
-    monkeypatch.setattr(process.time, "process_time", lambda: clock["cpu"])
+    monkeypatch.setattr(process, "monotonic", monotonic)  # the sampler's own names: no other thread's clock
+    monkeypatch.setattr(process, "process_time", lambda: clock["cpu"])
     sampler = process.ProcessSampler("h")
 
     def utilization():

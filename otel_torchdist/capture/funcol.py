@@ -82,7 +82,10 @@ _SPECS: dict[str, tuple[str, str, str, str | None, str | None]] = {
 # fresh (not yet handed to the caller, so no wait can name it) and popped by the wait or by the storage's own
 # death, and an address is reused only after its storage's weakref callback has run.
 _pending: dict[int, tuple[Any, list, _Join | None]] = {}
+# A call's group argument (object or name) -> GroupInfo. Emptied when a group is forgotten: a destroyed group
+# must not be held here, nor its name, which the next group may take, find the old GroupInfo.
 _group_cache: dict[Any, Any] = {}
+groups.on_forget(_group_cache.clear)
 _Tensor = torch.Tensor
 _BY_ID = groups.BY_ID
 _TLS = R.TLS

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import atexit
 import itertools
 import logging
 import threading
@@ -169,25 +170,52 @@ def forget(pg: Any) -> None:
         gi = _groups.pop(pg, None)
         if gi is not None:
             _labels.discard(gi.label)
+            gi.seq_supported = False  # first: a call in flight reads it before it reads pg
             gi.pg = None
-            gi.seq_supported = False
+    _forgotten()
 
 
 def forget_all() -> None:
     with _lock:
         for gi in _groups.values():
-            gi.pg = None
             gi.seq_supported = False
+            gi.pg = None
         _groups.clear()
         _labels.clear()
+    _forgotten()
+
+
+_on_forget: list[Any] = []  # the captures' own caches of groups (funcol's), emptied when a group is forgotten
+
+
+def on_forget(fn) -> None:
+    _on_forget.append(fn)
+
+
+def _forgotten() -> None:
+    for fn in _on_forget:
+        fn()
 
 
 def forget_destroyed() -> None:
-    """Forget the groups destroyed while the library was not looking (after a close that kept its patches,
-    at a signal or the process's end): a new instrumentation must not report them, nor keep them alive."""
+    """Forget the groups destroyed while the library was not looking (after ``uninstrument()``): a new
+    instrumentation must not report them, nor keep them alive."""
     live = c10d._world.pg_map
     for pg in [pg for pg in list(_groups) if pg not in live]:
         forget(pg)
+
+
+def _at_exit() -> None:
+    # A group destroyed after uninstrument() is still held here: let it go while the interpreter is whole.
+    # Left to the interpreter's teardown, a gloo group's destructor joins worker threads that may need the
+    # GIL, and the process dies of SIGABRT ("terminate called without an active exception").
+    try:
+        forget_destroyed()
+    except Exception:
+        pass
+
+
+atexit.register(_at_exit)
 
 
 def all_groups() -> list[GroupInfo]:

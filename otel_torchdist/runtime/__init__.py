@@ -304,7 +304,3 @@ class Runtime:
         if self.identity is not None:
             report.summarize(self.cfg, self.identity, self.pipeline, self.steps, self.outlets, self._started_at)
         self.outlets.stop_prometheus()
-        if restore:
-            # Uninstrumented, the library must hold none of the program's process groups: one it kept would
-            # outlive destroy_process_group() to interpreter exit, where a gloo group's destructor can abort.
-            groups.forget_all()

@@ -7,7 +7,7 @@ which is not network traffic) and counted from the sampler's first reading, so t
 
 from __future__ import annotations
 
-import time
+from time import monotonic, process_time
 from typing import Any
 
 import psutil
@@ -34,9 +34,9 @@ def _cpu_and_clock() -> tuple[float, float | None]:
     psutil's 10 ms ticks and the stamp taken after its file read). No time (None) when no bracket was narrow.
     """
     for _ in range(4):
-        t0 = time.monotonic()
-        cpu = time.process_time()
-        t1 = time.monotonic()
+        t0 = monotonic()
+        cpu = process_time()
+        t1 = monotonic()
         if t1 - t0 < _BRACKET_S:
             return cpu, (t0 + t1) / 2
     return cpu, None
