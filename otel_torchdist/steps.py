@@ -456,10 +456,13 @@ class StepTracker:
         # which would break an iteration over the dict itself.
         for stale in [k for k in list(table) if k <= index]:  # numbers an explicit step skipped
             table.pop(stale, None)
-        for i in range(index + 1, last + 1):
+        # Past every number made: a jump. Only a few ahead, until the numbers are seen to count up (steps
+        # numbered by samples jump every step, and a full table each time would be IDS_AHEAD ids a step).
+        end = index + IDS_AFTER_JUMP if index >= top else last
+        for i in range(index + 1, end + 1):
             if i not in table:
                 table[i] = self._ids_of(i, 0)
-        self._ids_top = max(top, last)
+        self._ids_top = max(top, end)
 
     def record(self, **values: float | None) -> None:
         with self._lock:
@@ -482,6 +485,7 @@ class StepTracker:
 
 
 IDS_AHEAD = 512  # steps whose contexts the drain keeps ready: a drain interval's steps, for steps down to ~1 ms
+IDS_AFTER_JUMP = 8  # after a jump in the numbering, until it is seen to count up
 USER_KEYS = ("loss", "learning_rate", "samples", "tokens")
 _CLOSE_STEP = R.reserve("close_step")  # drain/step_close.py's close_step
 

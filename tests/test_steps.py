@@ -328,6 +328,8 @@ def test_step_ids_are_the_documented_shake_stream():
         ([x for i in range(1, 1500) for x in (i, -i)], 1, 1.1),  # evaluation steps numbered apart
         ([x for e in range(30) for x in list(range(e * 100 + 1, e * 100 + 101)) + list(range(1, 11))], 1, 1.1),
         ([x for e in range(20) for x in range(1, 101)], 1, 0.1),  # epochs numbered alike: repeats make their own
+        (list(range(1000, 300_000, 1000)), 1, 9.0),  # numbered by samples: a jump every step
+        (list(range(1, 101)) + list(range(5001, 8001)), 1, 1.2),  # one jump, then counting up again
     ],
 )
 def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, most, monkeypatch):
@@ -340,7 +342,9 @@ def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, mo
     real = StepTracker._ids_of
     monkeypatch.setattr(StepTracker, "_ids_of", lambda self, i, occurrence: made.append(i) or real(self, i, occurrence))
     tracker.prepare_ids()
-    assert len(made) == IDS_AHEAD
+    tracker.index = 1  # the first step: counting up from there fills the table
+    tracker.prepare_ids()
+    assert sorted(made) == list(range(1, IDS_AHEAD + 2))
     made.clear()
     for k, index in enumerate(numbers):
         tracker.index = index
@@ -349,7 +353,7 @@ def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, mo
             tracker.prepare_ids()
     assert len(made) <= most * len(numbers)
     if numbers[1] == numbers[0] + 1 and closes_every == 1 and most == 1.0:
-        assert made == list(range(IDS_AHEAD + 1, IDS_AHEAD + 1 + len(numbers)))  # in order, each once
+        assert made == list(range(IDS_AHEAD + 2, IDS_AHEAD + 1 + len(numbers)))  # in order, each once
 
 
 def test_step_span_ids_differ_across_ranks_and_steps():
