@@ -10,8 +10,8 @@ without an optimizer; once a program does, optimizer steps stop closing steps.
 
 **One trace per step.** Every rank derives step N's trace id, and the id of its root span, from the run
 id and N (SHAKE-128, ``step_ids``), so all ranks' spans of step N land in one trace without any
-communication: rank 0 emits the root ``train.step``, every rank a ``train.rank_step`` under it holding that rank's collectives,
-optimizer step and phases. Sampling is decided from the step alone, the same way on every rank: the
+communication: rank 0 emits the root ``train.step``, every rank a ``train.rank_step`` under it holding
+that rank's collectives, optimizer step and phases. Sampling is decided from the step alone, the same way on every rank: the
 configured ``OTEL_TRACES_SAMPLER`` applied to the trace id, or by default the first
 ``trace_first_steps`` steps and every ``trace_every_steps``-th. Metrics are never sampled.
 
@@ -58,7 +58,8 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     if stream is None:
         if len(_streams) > 16:
             _streams.clear()
-        stream = _streams[(key, block)] = hashlib.shake_128(b"%s:steps:%d" % (key.encode(), block)).digest(32 * STEPS_PER_BLOCK)
+        seed = b"%s:steps:%d" % (key.encode(), block)
+        stream = _streams[(key, block)] = hashlib.shake_128(seed).digest(32 * STEPS_PER_BLOCK)
     high, low, root, base = _unpack(stream, 32 * i)
     return (high << 64 | low) or 1, root or 1, (base ^ (rank * _RANK_MIX & _MASK64)) or 1
 
