@@ -54,19 +54,33 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     share a step span id) makes this rank's step span id. One hash for 64 steps, where a hash per step and
     per rank cost the drain ~1.3 us a step."""
     block, i = divmod(index, STEPS_PER_BLOCK)
+    high, low, root, base = _unpack(_stream(key, block), 32 * i)
+    return (high << 64 | low) or 1, root or 1, (base ^ (rank * _RANK_MIX & _MASK64)) or 1
+
+
+def block_ids(key: str, block: int, rank: int) -> list[tuple[int, int, int]]:
+    """``step_ids`` of the 64 steps of ``block`` (steps ``64 * block`` to ``64 * block + 63``), in order."""
+    words = _unpack_block(_stream(key, block))
+    mix = rank * _RANK_MIX & _MASK64
+    return [
+        ((words[k] << 64 | words[k + 1]) or 1, words[k + 2] or 1, (words[k + 3] ^ mix) or 1) for k in range(0, len(words), 4)
+    ]
+
+
+def _stream(key: str, block: int) -> bytes:
     stream = _streams.get((key, block))
     if stream is None:
         if len(_streams) > 16:
             _streams.clear()
         seed = b"%s:steps:%d" % (key.encode(), block)
         stream = _streams[(key, block)] = hashlib.shake_128(seed).digest(32 * STEPS_PER_BLOCK)
-    high, low, root, base = _unpack(stream, 32 * i)
-    return (high << 64 | low) or 1, root or 1, (base ^ (rank * _RANK_MIX & _MASK64)) or 1
+    return stream
 
 
 STEPS_PER_BLOCK = 64
 _RANK_MIX, _MASK64 = 0x9E3779B97F4A7C15, (1 << 64) - 1
 _unpack = struct.Struct(">4Q").unpack_from
+_unpack_block = struct.Struct(f">{4 * STEPS_PER_BLOCK}Q").unpack
 _streams: dict[tuple[str, int], bytes] = {}
 
 
@@ -125,6 +139,12 @@ class Occurrences:
 _INF = float("inf")
 
 
+def _picked(index: int, occurrence: int, first: int, every: int) -> bool:
+    """The library's own choice of traced steps: the first ``first`` steps once (numbering that restarts
+    every epoch does not trace every epoch's start), and every ``every``-th."""
+    return (index <= first and not occurrence) or (every > 0 and index % every == 0)
+
+
 def _holds(intervals: list[list[int]], index: int) -> bool:
     i = bisect.bisect_right(intervals, [index, _INF]) - 1
     return i >= 0 and intervals[i][0] <= index <= intervals[i][1]
@@ -147,12 +167,17 @@ class _Recent:
     def __len__(self) -> int:
         return len(self.order)
 
-    def append(self, value: float) -> None:
+    def append(self, value: float) -> float | None:
+        """Add ``value``; returns the median of the window before it (one call a step for both)."""
+        values = self.sorted
+        k = len(values)
+        median = None if not k else values[k // 2] if k % 2 else (values[k // 2 - 1] + values[k // 2]) / 2
         order = self.order
-        if len(order) == order.maxlen:
-            del self.sorted[bisect.bisect_left(self.sorted, order[0])]
+        if k == order.maxlen:
+            del values[bisect.bisect_left(values, order[0])]
         order.append(value)
-        bisect.insort(self.sorted, value)
+        bisect.insort(values, value)
+        return median
 
     def median(self) -> float | None:
         values = self.sorted
@@ -229,16 +254,29 @@ class StepTracker:
                 self.end(final=True, error=(etype, message))
 
     def sampled(self, index: int, trace_id: int, occurrence: int = 0) -> bool:
-        if self.pipeline is not None and not self.pipeline.traced:
+        rule = self._rule()
+        if rule is not None:
+            return _picked(index, occurrence, *rule)
+        pipeline = self.pipeline
+        if not pipeline.traced:
             return False
-        sampler = self.pipeline.sampler if self.pipeline is not None else None
-        if self.cfg.traces_sampler is not None and sampler is not None and not sampler.narrows:
+        sampler = pipeline.sampler
+        if not sampler.narrows:
             return sampler.root(trace_id)  # the library's own exporters: OTEL_TRACES_SAMPLER picks the steps
-        every = self.cfg.trace_every_steps
-        # The first steps once (numbering that restarts every epoch does not trace every epoch's start).
-        picked = (index <= self.cfg.trace_first_steps and not occurrence) or (every > 0 and index % every == 0)
         # Through a provider, its sampler may drop a step the library picked (ProviderSampler).
-        return picked and (sampler is None or not sampler.narrows or sampler.root(trace_id))
+        return _picked(index, occurrence, self.cfg.trace_first_steps, self.cfg.trace_every_steps) and sampler.root(trace_id)
+
+    def _rule(self) -> tuple[int, int] | None:
+        """(first steps, every n-th step) when the library's own choice of steps alone decides which are
+        traced; None when tracing is off or a sampler replaces or narrows that choice (``sampled``)."""
+        pipeline = self.pipeline
+        if pipeline is not None:
+            if not pipeline.traced:
+                return None
+            sampler = pipeline.sampler
+            if sampler is not None and (sampler.narrows or self.cfg.traces_sampler is not None):
+                return None
+        return self.cfg.trace_first_steps, self.cfg.trace_every_steps
 
     def begin(
         self, index: int | None = None, source: str = "explicit", t_start: int | None = None, parent: tuple | None = None
@@ -351,7 +389,12 @@ class StepTracker:
         stepping each iteration, only one closes steps (see ``_closes``)."""
         if self.explicit or in_backward:  # optimizer-in-backward steps each parameter, not the loop
             return None
-        if optimizer is not None:
+        lead = self._lead
+        # The settled lead stepping with no other optimizer since its last step (the common loop) closes the
+        # step: _closes's answer, without its call, once per step.
+        if optimizer is not None and (
+            lead is None or lead() is not optimizer or not self._settled or self._last_other is not None or self._others
+        ):
             closes = self._closes(optimizer)
             if not closes:
                 return None
@@ -437,8 +480,9 @@ class StepTracker:
     def prepare_ids(self) -> None:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them.
 
-        Counting up, the table is kept IDS_AHEAD steps ahead at every step's close, from the highest number
-        made so far (not in lumps of half the table, which a benchmark's sections could miss); numbers that
+        Counting up, the table is kept at least IDS_AHEAD steps ahead at every step's close, from the
+        highest number made so far, filled to the end of a SHAKE block (``step_ids``) at a time: one
+        unpacking of 64 steps' ids, where a step at a time cost each step's close four calls. Numbers that
         jump or go down (evaluation steps numbered apart) refill it only once half of it is behind them."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
         index = self.index
@@ -447,9 +491,9 @@ class StepTracker:
             return
         top = self._ids_top
         if index < top < last and top in table:  # counting up, a step or more since the last call
-            for i in range(top + 1, last + 1):
-                table[i] = self._ids_of(i, 0)
-            self._ids_top = last
+            end = last | (STEPS_PER_BLOCK - 1)  # the end of last's block
+            self._fill(top + 1, end)
+            self._ids_top = end
             return
         if index + IDS_AHEAD // 2 in table:
             return
@@ -462,8 +506,24 @@ class StepTracker:
         end = index + IDS_AFTER_JUMP if index >= top else last
         for i in range(index + 1, end + 1):
             if i not in table:
-                table[i] = self._ids_of(i, 0)
+                self._fill(i, i)
         self._ids_top = max(top, end)
+
+    def _fill(self, first: int, last: int) -> None:
+        """The table's entries of steps ``first`` to ``last`` (their first occurrence), as _ids_of makes them."""
+        table, key, rank, sampled = self._ids, self.trace_key, self.rank, self.sampled
+        rule = self._rule()
+        picked_first, every = rule or (0, 0)
+        for block in range(first // STEPS_PER_BLOCK, last // STEPS_PER_BLOCK + 1):
+            base = block * STEPS_PER_BLOCK
+            ids = block_ids(key, block, rank)
+            for i in range(max(first, base), min(last, base + STEPS_PER_BLOCK - 1) + 1):
+                trace, root, rank_span = ids[i - base]
+                if rule is None:
+                    traced = sampled(i, trace, 0)
+                else:  # _picked of a first occurrence, in place: a call less per step
+                    traced = i <= picked_first or (every > 0 and i % every == 0)
+                table[i] = (trace, rank_span, traced, root)
 
     def record(self, **values: float | None) -> None:
         with self._lock:

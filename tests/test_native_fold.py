@@ -103,12 +103,38 @@ def _records(world: int) -> list[tuple]:
     return list(R.QUEUE)
 
 
+def _steps(pipeline: Pipeline) -> dict:
+    """{serial: (intervals, collectives, bytes, spans admitted)} of the open steps: the records process() took
+    (StepStats) and, with the native fold, those it took (the store's aggregates)."""
+    out = {k: (sorted(v.head + v.tail), v.collectives, v.nbytes, v.spans) for k, v in pipeline.step_stats.items()}
+    if pipeline.native_steps is not None:
+        for k, (count, nbytes, intervals) in pipeline.native_steps.steps_snapshot().items():
+            old = out.get(k, ([], 0, 0, 0))
+            out[k] = (sorted(old[0] + intervals), old[1] + count, old[2] + nbytes, old[3])
+    return out
+
+
+def _totals(pipeline: Pipeline, serials, lo: int, hi: int, stretch: bool) -> dict:
+    """What each step's close (step_close.py) takes: (collectives, bytes, seconds in flight, end)."""
+    out = {}
+    for serial in serials:
+        stats = pipeline.step_stats.pop(serial, None)
+        if pipeline.native_steps is not None:
+            out[serial] = pipeline.native_steps.take_step(serial, lo, hi, stretch, stats)
+        else:
+            out[serial] = stats.totals(lo, hi, stretch)
+    return out
+
+
 def _fold_state(pipeline: Pipeline, records: list[tuple]) -> tuple:
     for gi in groups.BY_ID:
         gi.last_completed = 0
     count = pipeline._process_all(deque(records))
-    steps = {k: (v.intervals.tail, v.collectives, v.nbytes, v.spans) for k, v in pipeline.step_stats.items()}
-    return count, _without_span_ids(pipeline.store.snapshot()), steps, [gi.last_completed for gi in groups.BY_ID]
+    steps = _steps(pipeline)
+    starts = sorted(r[R.T_START] for r in records)
+    lo, hi = starts[len(starts) // 3], starts[2 * len(starts) // 3]  # a window that clips some, the rest stretched
+    totals = _totals(pipeline, sorted(steps), lo, hi, True)
+    return count, _without_span_ids(pipeline.store.snapshot()), steps, [gi.last_completed for gi in groups.BY_ID], totals
 
 
 @pytest.mark.parametrize("sampler", [None, "always_off"])
@@ -132,6 +158,8 @@ def test_fold_leaves_the_same_state_as_process_record_for_record(mod, fake_pg, i
     assert _fold_state(ours, records) == expected
     assert sum(folded) > 0.95 * len(ours_too)  # all but a group size's first
     assert expected[0] == len(records) and expected[2] and any(expected[3])
+    assert any(t[2] > 0 for t in expected[4].values())  # steps with time in flight inside the window
+    assert ours.native_steps.steps_snapshot() == {}  # each step's aggregate gone with its close
 
 
 def _untraced_step(mod, instrumented, calls: int) -> tuple[list[tuple], Pipeline]:
@@ -145,31 +173,35 @@ def _untraced_step(mod, instrumented, calls: int) -> tuple[list[tuple], Pipeline
     return list(R.QUEUE), pipeline
 
 
-def _fold(mod, pipeline: Pipeline, q: deque) -> int:
-    return mod.fold(pipeline.store, pipeline.step_stats, q, False, pipeline.open_step_stats, pipeline._fold_failed, None)
+def _fold(mod, pipeline: Pipeline, q: deque, tap=None) -> int:
+    return mod.fold(pipeline.store, q, False, pipeline._fold_failed, tap)
 
 
 def test_fold_takes_a_batch_at_a_time_and_stops_at_a_record_for_process(mod, fake_pg, instrumented):
     records, pipeline = _untraced_step(mod, instrumented, 600)
     q = deque(records)
     assert _fold(mod, pipeline, q) == 256  # the step opened with its first record; then back to the interpreter
-    assert list(pipeline.step_stats) == [records[0][R.STEPCTX][0]]
+    assert list(pipeline.native_steps.steps_snapshot()) == [records[0][R.STEPCTX][0]] and pipeline.step_stats == {}
     q.insert(10, ["not", "a", "record"])
     assert _fold(mod, pipeline, q) == 10
     assert q[0] == ["not", "a", "record"] and len(q) == len(records) - 266 + 1
 
 
-def test_a_record_the_fold_fails_on_is_reported_and_the_rest_go_through_process(mod, fake_pg, instrumented):
+def test_a_record_the_fold_fails_on_is_reported_and_the_fold_goes_on(mod, fake_pg, instrumented):
     from otel_torchdist import health
-    from otel_torchdist.drain.step_stats import StepStats
+
+    class FailingMeter:  # a MeterProvider's histogram that raises on every value
+        def collective_value(self, op, group, seconds):
+            raise RuntimeError("the provider's histogram failed")
 
     records, pipeline = _untraced_step(mod, instrumented, 5)
-    stats = pipeline.step_stats[records[0][R.STEPCTX][0]] = StepStats()
-    stats.collectives = "not a count"  # fold's update of it fails once the record is taken
+    pipeline.meter = FailingMeter()
     before = health.errors().get("pipeline", 0)
     assert pipeline._process_all(deque(records)) == 5  # each counted once, none left behind, no loop
     assert health.errors().get("pipeline", 0) == before + 5  # each record's, reported, and the fold went on
-    assert pipeline.store.snapshot() == {}  # as process() leaves it: the step's update failed first
+    ((_, series),) = pipeline.store.snapshot().items()
+    assert series.count == 5  # folded before the value went to the provider
+    assert [v[0] for v in pipeline.native_steps.steps_snapshot().values()] == [5]
 
 
 def test_a_record_left_for_process_leaves_no_step_opened(mod, fake_pg, instrumented):
@@ -179,7 +211,7 @@ def test_a_record_left_for_process_leaves_no_step_opened(mod, fake_pg, instrumen
     bandwidth.FACTORS.clear()  # a group size not met yet: process() works out its bus factor
     q = deque(records)
     assert _fold(mod, pipeline, q) == 0
-    assert pipeline.step_stats == {} and len(q) == 1
+    assert pipeline.step_stats == {} and pipeline.native_steps.steps_snapshot() == {} and len(q) == 1
     pipeline._process_all(q)
     ((key, series),) = pipeline.store.snapshot().items()
     assert len(pipeline.step_stats) == 1 and key[0] == "all_reduce" and series.count == 1
@@ -214,3 +246,30 @@ def test_instrument_folds_with_the_native_part_and_native_off_in_python(fake_pg,
     otel_torchdist.uninstrument()
     instrumented(native="off", drain_interval=3600.0)
     assert isinstance(runtime.current().pipeline.store, MetricStore)
+
+
+def test_steps_never_closed_are_forgotten_as_the_python_side_forgets_them(mod, fake_pg, instrumented):
+    """The native aggregates follow Pipeline.open_step_stats's rule: past STEPS_OPEN open steps, the oldest
+    is forgotten once a step opened after it has closed; past STEPS_OPEN_MAX, whatever closed."""
+    from otel_torchdist.drain.pipeline import STEPS_OPEN, STEPS_OPEN_MAX
+
+    records, pipeline = _untraced_step(mod, instrumented, 1)
+    rec = records[0]
+
+    def fold_step(serial: int) -> None:
+        ctx = rec[R.STEPCTX]
+        assert _fold(mod, pipeline, deque([rec[: R.STEPCTX] + ((serial,) + ctx[1:],) + rec[R.STEPCTX + 1 :]])) == 1
+
+    fold_step(1)  # left open
+    fold_step(5)
+    assert pipeline.native_steps.take_step(5, 0, 1, False, None)[0] == 1  # closed
+    for i in range(10, 10 + STEPS_OPEN):
+        fold_step(i)
+    open_steps = pipeline.native_steps.steps_snapshot()
+    assert 1 in open_steps and len(open_steps) == STEPS_OPEN + 1  # none forgotten yet
+    fold_step(100)
+    open_steps = pipeline.native_steps.steps_snapshot()
+    assert 1 not in open_steps and 10 in open_steps  # only the stale one
+    for i in range(200, 200 + STEPS_OPEN_MAX):
+        fold_step(i)
+    assert len(pipeline.native_steps.steps_snapshot()) == STEPS_OPEN_MAX + 1  # bounded whatever closes

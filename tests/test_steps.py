@@ -49,7 +49,8 @@ def test_median_of_recent_steps_matches_statistics_over_the_window():
     assert recent.median() is None
     for i in range(400):
         value = rng.choice([rng.random(), 0.5, float(i % 7)])  # repeated values: removal finds an equal one
-        recent.append(value)
+        before = statistics.median(window) if window else None
+        assert recent.append(value) == before  # the median before it
         window.append(value)
         assert recent.median() == statistics.median(window)
         assert len(recent) == len(window)
@@ -68,10 +69,12 @@ def steps_job(request, tmp_path_factory):
     return _job(tmp_path_factory, "steps", ws, f"steps-ws{ws}")
 
 
-def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exact(fake_pg, instrumented):
+@pytest.mark.parametrize("native", ["off", "auto"])
+def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exact(fake_pg, instrumented, native):
     """A step that never ends (no optimizer, no marked steps) of 20 000 collectives: the drain keeps at most
     Intervals.CAP of their intervals, and the step's collective time stays exact (back-to-back calls do
-    not overlap, so folding the old ones loses nothing)."""
+    not overlap, so folding the old ones loses nothing). In Python (StepStats) and, where the native part
+    is built, in its fold (the store's step aggregates)."""
     import torch
     import torch.distributed as dist
 
@@ -80,20 +83,33 @@ def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exa
     from otel_torchdist.capture import record as R
     from otel_torchdist.drain.step_stats import Intervals
 
-    instrumented(drain_interval=3600.0, max_queued_records=4096, traces_sampler="always_off")
+    instrumented(native=native, drain_interval=3600.0, max_queued_records=4096, traces_sampler="always_off")
     pipeline = runtime.current().pipeline
     spans: list[tuple[int, int]] = []
+
+    def the_open_step() -> tuple[int, int, int]:  # (serial, collectives, intervals kept)
+        if pipeline.native_steps is not None:
+            ((serial, (count, _, intervals)),) = pipeline.native_steps.steps_snapshot().items()
+            return serial, count, len(intervals)
+        ((serial, stats),) = pipeline.step_stats.items()
+        return serial, stats.collectives, len(stats)
+
     with otel_torchdist.step():
         for chunk in range(10):
             for _ in range(2000):
                 dist.all_reduce(torch.ones(4))
             spans += [(rec[R.T_START], rec[R.T_END]) for rec in R.QUEUE]
             pipeline.drain()
-            (stats,) = pipeline.step_stats.values()
-            assert len(stats.intervals) <= Intervals.CAP
-    assert len(spans) == 20_000 and stats.collectives == 20_000
-    lo, hi = spans[0][0], spans[-1][1]
-    assert stats.intervals.union_seconds(lo, hi) == pytest.approx(union_seconds(spans, lo, hi), rel=1e-12)
+            assert the_open_step()[2] <= Intervals.CAP
+        serial, count, _ = the_open_step()
+        assert len(spans) == 20_000 and count == 20_000
+        lo, hi = spans[0][0], spans[-1][1]
+        stats = pipeline.step_stats.pop(serial, None)
+        if pipeline.native_steps is not None:
+            wait = pipeline.native_steps.take_step(serial, lo, hi, False, stats)[2]
+        else:
+            wait = stats.totals(lo, hi, False)[2]
+    assert wait == pytest.approx(union_seconds(spans, lo, hi), rel=1e-12)
 
 
 def test_each_step_is_one_trace_across_ranks_with_one_root(steps_job):
@@ -334,26 +350,32 @@ def test_step_ids_are_the_documented_shake_stream():
 )
 def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, most, monkeypatch):
     from otel_torchdist.config import Config
-    from otel_torchdist.steps import IDS_AHEAD, StepTracker
+    from otel_torchdist.steps import IDS_AHEAD, STEPS_PER_BLOCK, StepTracker
 
     tracker = StepTracker(Config())
     tracker.trace_key = "run-ids"
     made = []
-    real = StepTracker._ids_of
-    monkeypatch.setattr(StepTracker, "_ids_of", lambda self, i, occurrence: made.append(i) or real(self, i, occurrence))
+    real = StepTracker._fill
+    monkeypatch.setattr(StepTracker, "_fill", lambda self, a, b: made.extend(range(a, b + 1)) or real(self, a, b))
     tracker.prepare_ids()
-    tracker.index = 1  # the first step: counting up from there fills the table
+    tracker.index = 1  # the first step: counting up from there fills the table, to the end of a block
     tracker.prepare_ids()
-    assert sorted(made) == list(range(1, IDS_AHEAD + 2))
+    assert sorted(made) == list(range(1, (1 + IDS_AHEAD) // STEPS_PER_BLOCK * STEPS_PER_BLOCK + STEPS_PER_BLOCK))
     made.clear()
+    seen = set()
     for k, index in enumerate(numbers):
         tracker.index = index
+        if closes_every == 1 and k and numbers[k - 1] + 1 == index and index not in seen:
+            assert index in tracker._ids  # counting up: ready when begun
+        seen.add(index)
         tracker._ids.pop(index, None)  # begun
         if k % closes_every == 0:
             tracker.prepare_ids()
-    assert len(made) <= most * len(numbers)
+    assert len(made) <= most * len(numbers) + STEPS_PER_BLOCK
     if numbers[1] == numbers[0] + 1 and closes_every == 1 and most == 1.0:
-        assert made == list(range(IDS_AHEAD + 2, IDS_AHEAD + 1 + len(numbers)))  # in order, each once
+        first = (1 + IDS_AHEAD) // STEPS_PER_BLOCK * STEPS_PER_BLOCK + STEPS_PER_BLOCK
+        assert made == list(range(first, first + len(made)))  # in order, each once, a block at a time
+        assert len(made) % STEPS_PER_BLOCK == 0
 
 
 def test_step_span_ids_differ_across_ranks_and_steps():
@@ -758,3 +780,35 @@ def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_
     last = max(steps.values(), key=lambda s: s["attributes"][n.STEP])
     assert (int(last["endTimeUnixNano"]) - int(last["startTimeUnixNano"])) / 1e9 < 0.25
     assert trace_layout_problems(spans) == []
+
+
+@pytest.mark.parametrize(
+    "traced, sampler, traces_sampler",
+    [
+        (True, None, None),
+        (False, None, None),
+        (True, "parentbased_traceidratio", None),  # the library's default sampler: the step rule decides
+        (True, "traceidratio", "traceidratio"),  # OTEL_TRACES_SAMPLER on the library's own exporters
+        (True, "narrows", None),  # a provider's sampler narrowing the step rule
+    ],
+)
+def test_the_prepared_ids_sample_as_sampled_decides(traced, sampler, traces_sampler):
+    """The table of coming steps decides sampling in place for the plain step rule (StepTracker._fill):
+    the same decision StepTracker.sampled makes, under every sampler set-up."""
+    from types import SimpleNamespace
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.drain.sampling import Sampler
+    from otel_torchdist.steps import StepTracker
+
+    tracker = StepTracker(Config(trace_first_steps=5, trace_every_steps=7, traces_sampler=traces_sampler, traces_sampler_arg=0.5))
+    if sampler == "narrows":
+        chosen = SimpleNamespace(narrows=True, root=lambda trace_id: trace_id % 3 == 0)
+    else:
+        chosen = None if sampler is None else Sampler(sampler, 0.5)
+    tracker.pipeline = SimpleNamespace(traced=traced, sampler=chosen)
+    tracker.trace_key = "run-rule"
+    tracker._fill(-70, 200)
+    decided = {i: entry[2] for i, entry in tracker._ids.items()}
+    assert decided == {i: tracker.sampled(i, tracker._ids[i][0], 0) for i in range(-70, 201)}
+    assert any(decided.values()) == traced and not all(decided.values())

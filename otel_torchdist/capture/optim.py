@@ -193,7 +193,7 @@ def _post(optimizer, args, kwargs) -> None:
         on_step = closer[0]
         close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward, optimizer)
         # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
-        R.queue((
+        entry = (
             _FINISHED,
             type(optimizer).__name__,
             st.inner,
@@ -210,8 +210,8 @@ def _post(optimizer, args, kwargs) -> None:
             st.span,
             st.parent,
             close,
-            *(() if st.trace is None else _hyper(groups)),  # span attributes: traced steps only
-        ))
+        )
+        R.queue(entry if st.trace is None else entry + _hyper(groups))  # span attributes: traced steps only
         st.frame = st.optimizer = st.user = st.step = None
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)

@@ -16,6 +16,8 @@ from dataclasses import dataclass, field
 from .. import names as n
 from ..telemetry import HistogramPoint, MetricData, NumberPoint
 
+_INF = float("inf")
+
 BOUNDS = n.DURATION_BUCKETS
 _bisect_left = bisect.bisect_left
 
@@ -140,7 +142,7 @@ def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: d
 class Histogram:
     """A cumulative histogram of seconds over ``bounds`` (the ``histogram_buckets`` option)."""
 
-    __slots__ = ("bounds", "count", "sum", "buckets", "min", "max", "tap")
+    __slots__ = ("bounds", "count", "sum", "buckets", "low", "high", "tap")
 
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         self.bounds = bounds
@@ -148,17 +150,27 @@ class Histogram:
         self.count = 0
         self.sum = 0.0
         self.buckets = [0] * (len(bounds) + 1)
-        self.min: float | None = None
-        self.max: float | None = None
+        # The extremes so far, infinite before the first value (one comparison a value, not two: a step's
+        # close observes two histograms); min and max read None then.
+        self.low = _INF
+        self.high = -_INF
+
+    @property
+    def min(self) -> float | None:
+        return self.low if self.count else None
+
+    @property
+    def max(self) -> float | None:
+        return self.high if self.count else None
 
     def observe(self, value: float) -> None:
         self.count += 1
         self.sum += value
-        self.buckets[bisect.bisect_left(self.bounds, value)] += 1
-        if self.min is None or value < self.min:
-            self.min = value
-        if self.max is None or value > self.max:
-            self.max = value
+        self.buckets[_bisect_left(self.bounds, value)] += 1
+        if value < self.low:
+            self.low = value
+        if value > self.high:
+            self.high = value
         if self.tap is not None:
             self.tap(value)
 

@@ -9,7 +9,6 @@ from typing import Any
 
 from .. import names as n
 from ..capture import record as R
-from .deferred import run
 from .framework_spans import build
 
 _durations: dict[str, tuple] = {}  # optimizer class -> (FrameworkMetrics, its bound duration histogram)
@@ -32,8 +31,8 @@ def finished(
             snap, opened = (user, fw, step), (trace, span, parent)
             build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
     finally:
-        if close is not None:  # the training step this optimizer step closed
-            run(pipeline, close)
+        if close is not None:  # the training step this optimizer step closed (drain/deferred.py)
+            R.DRAINED[close[0]](pipeline, *close[1:])
 
 
 def describe(

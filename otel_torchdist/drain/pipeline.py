@@ -31,7 +31,6 @@ from ..config import Config
 from ..ids import new_trace_id
 from ..telemetry import MetricData, SpanData
 from .deferred import function as deferred_function
-from .deferred import run as run_deferred
 from . import framework_spans  # noqa: F401  registers the build that capture/framework_spans.py defers to
 from . import optimizer  # noqa: F401  registers the step end that capture/optim.py defers to
 from . import step_close  # noqa: F401  registers the close that steps.py defers to
@@ -78,6 +77,8 @@ class Pipeline:
         self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
         self.store: Any = MetricStore(self.bounds)  # or native/fold.cpp's (use_native)
         self._fold: Any = None  # native/fold.cpp's fold(...), with its store (use_native)
+        # That store, which also keeps the folded records' step aggregates (take_step at a step's close), or None.
+        self.native_steps: Any = None
         self.sampler = Sampler(cfg.traces_sampler or "parentbased_always_on", cfg.traces_sampler_arg)
         self.traced = True  # False on a rank trace_ranks leaves out (stop_tracing)
         self.base_labels: dict[str, str] = {}
@@ -174,7 +175,7 @@ class Pipeline:
                 for _ in range(closes):
                     entry = deferred.popleft()
                     try:
-                        run_deferred(self, entry)
+                        R.DRAINED[entry[0]](self, *entry[1:])
                     except Exception as exc:
                         fn = deferred_function(entry)
                         health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
@@ -193,9 +194,18 @@ class Pipeline:
             if self.store.snapshot():
                 return
             mod.fold_setup(
-                {"by_id": _BY_ID, "factors": _bus_factors, "end_unfinished": _END_UNFINISHED, "intervals_cap": _INTERVALS_CAP}
+                {
+                    "by_id": _BY_ID,
+                    "factors": _bus_factors,
+                    "end_unfinished": _END_UNFINISHED,
+                    "intervals_cap": Intervals.CAP,
+                    "intervals_head": Intervals.HEAD,
+                    "intervals_keep": Intervals.KEEP,
+                    "steps_open": STEPS_OPEN,
+                    "steps_open_max": STEPS_OPEN_MAX,
+                }
             )
-            self.store = mod.MetricStore(self.bounds, Series)
+            self.store = self.native_steps = mod.MetricStore(self.bounds, Series)
             self._fold = mod.fold
 
     def bridge_metrics(self, meter: Any) -> None:
@@ -213,14 +223,14 @@ class Pipeline:
         count = 0
         process = self.process
         fold = self._fold
-        store, step_stats = self.store, self.step_stats
+        store = self.store
         roots_unsampled = self.sampler.bound == 0  # then outside a step too, no record makes a span
-        open_step, report = self.open_step_stats, self._fold_failed
+        report = self._fold_failed
         tap = self.meter.collective_value if self.meter is not None else None
         while q:
             if fold is not None:
                 try:  # the unsampled records at the front (fold.cpp)
-                    folded = fold(store, step_stats, q, roots_unsampled, open_step, report, tap)
+                    folded = fold(store, q, roots_unsampled, report, tap)
                 except Exception as exc:
                     # Not a record's failure (those go to report, counted, and the fold goes on): the rest
                     # of this turn goes through process(), so that no failure can repeat for ever.
@@ -269,10 +279,10 @@ class Pipeline:
             stats = self.step_stats.get(step[_SERIAL])
             if stats is None:
                 stats = self.open_step_stats(step[_SERIAL])
-            tail = stats.intervals.tail  # Intervals.append, inlined
+            tail = stats.tail  # Intervals.append, inlined
             tail.append((t0, t1))
             if len(tail) >= _INTERVALS_CAP:
-                stats.intervals.compact()
+                stats.compact()
             stats.collectives += 1
             stats.nbytes += nbytes
         exemplar = None
@@ -329,9 +339,8 @@ class Pipeline:
             oldest = next(iter(table))
             if table[oldest].opened < self.closed_opened or len(table) > STEPS_OPEN_MAX:
                 del table[oldest]
-        stats = table[index] = StepStats()
         self._opened += 1
-        stats.opened = self._opened
+        stats = table[index] = StepStats(self._opened)
         return stats
 
     def admit(self, stats: StepStats, step: tuple, span_id: int | None, parent: int | None) -> bool:
@@ -340,7 +349,7 @@ class Pipeline:
         cap = self.cfg.max_spans_per_step
         if not cap:
             return True
-        if stats.spans >= cap and (span_id is None or span_id not in stats.parents):
+        if stats.spans >= cap and (span_id is None or stats.parents is None or span_id not in stats.parents):
             health.dropped(n.DROPPED_STEP_LIMIT)
             if not stats.capped:
                 # A "step" that never ends (no optimizer, no marked steps) would trace every collective.
@@ -353,7 +362,10 @@ class Pipeline:
             return False
         stats.spans += 1
         if parent is not None and parent != step[_SPAN]:  # the step's own span is never capped
-            stats.parents.add(parent)
+            if stats.parents is None:
+                stats.parents = {parent}
+            else:
+                stats.parents.add(parent)
         return True
 
     def _parent_of(self, rec: tuple) -> tuple[int, int | None, bool]:

@@ -14,9 +14,9 @@ from ..capture import step_context as S
 from ..ids import new_span_id, new_trace_id
 from ..steps import USER_KEYS, StepTracker
 from ..telemetry import SpanData
-from .step_stats import StepStats
 
 _log = logging.getLogger("otel_torchdist")
+_SERIAL, _SAMPLED, _INDEX = S.SERIAL, S.SAMPLED, S.INDEX
 
 
 @R.drained_as("close_step")
@@ -24,17 +24,19 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
     # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
     tracker.prepare_ids()
-    serial, sampled, index = ctx[S.SERIAL], ctx[S.SAMPLED], ctx[S.INDEX]
-    stats = pipeline.step_stats.pop(serial, None) or StepStats()
+    serial, sampled, index = ctx[_SERIAL], ctx[_SAMPLED], ctx[_INDEX]
+    stats = pipeline.step_stats.pop(serial, None)  # the records process() took (traced steps)
     if serial > pipeline.last_closed_step:
         pipeline.last_closed_step = serial
-    if stats.opened > pipeline.closed_opened:
+    if stats is not None and stats.opened > pipeline.closed_opened:
         pipeline.closed_opened = stats.opened
-    intervals, count, nbytes = stats.intervals, stats.collectives, stats.nbytes
-    if stretch and count:  # the last iteration's step: over the collectives it issued after its optimizer step
-        t1 = max(t1, intervals.latest_end())
+    if pipeline.native_steps is not None:  # and those the native fold took (every other step's)
+        count, nbytes, wait, t1 = pipeline.native_steps.take_step(serial, t0, t1, stretch, stats)
+    elif stats is not None:
+        count, nbytes, wait, t1 = stats.totals(t0, t1, stretch)
+    else:
+        count, nbytes, wait = 0, 0, 0.0
     duration = (t1 - t0) / 1e9 if t1 > t0 else 0.0
-    wait = intervals.union_seconds(t0, t1) if count else 0.0
     if wait > duration:
         wait = duration
     compute = duration - wait
@@ -66,11 +68,11 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
     if values:
         _user_metrics(fw, values, duration)
     recent = tracker._recent
-    median = recent.median()
     if serial == 1:
+        median = recent.median()
         tracker.setup = (index, duration, compute, wait)  # apart from the steady state (the summary)
     else:
-        recent.append(duration)
+        median = recent.append(duration)
     if tracker.total is not None:
         typical = recent.median()
         fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * (duration if typical is None else typical))

@@ -82,18 +82,31 @@ class Intervals:
         return union_seconds(self.head + self._clipped_tail(), lo, hi) + self.folded / 1e9
 
 
-class StepStats:
+class StepStats(Intervals):
     """What the drain thread gathers about one step until the step closes: its collectives' in-flight
-    intervals, count and bytes, and the spans it admitted under ``max_spans_per_step`` (with the parents
-    they point at, which are admitted beyond the cap)."""
+    intervals (it is its own Intervals: one object made per step, in one ``__init__``, where two cost the
+    fold of every step's first record a third of its time), count and bytes, and the spans it admitted under
+    ``max_spans_per_step`` (with the parents they point at, which are admitted beyond the cap)."""
 
-    __slots__ = ("intervals", "collectives", "nbytes", "spans", "parents", "capped", "opened")
+    __slots__ = ("collectives", "nbytes", "spans", "parents", "capped", "opened")
 
-    def __init__(self) -> None:
-        self.opened = 0  # its place in the order steps were opened (Pipeline.open_step_stats)
-        self.intervals = Intervals()
+    def __init__(self, opened: int = 0) -> None:
+        self.opened = opened  # its place in the order steps were opened (Pipeline.open_step_stats)
+        self.head = []
+        self.tail = []
+        self.folded = 0
+        self.folded_end = None
         self.collectives = 0
         self.nbytes = 0
         self.spans = 0
-        self.parents: set[int] = set()
+        self.parents: set[int] | None = None  # made by the first admitted span with a parent (traced steps)
         self.capped = False
+
+    def totals(self, lo: int, hi: int, stretch: bool) -> tuple[int, int, float, int]:
+        """(collectives, bytes, seconds in flight within ``[lo, hi]``, hi) at the step's close; ``stretch``:
+        hi moved to the latest end of its intervals when later (the native store's take_step answers the same
+        for the records it folded)."""
+        count = self.collectives
+        if stretch and count:
+            hi = max(hi, self.latest_end())
+        return count, self.nbytes, self.union_seconds(lo, hi) if count else 0.0, hi

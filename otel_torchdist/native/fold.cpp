@@ -11,10 +11,11 @@
 // before taking it, so a record is either folded whole or left as it was.
 //
 // Contract with the Python side (Pipeline.use_native): fold_setup() once per load with the objects below;
-// MetricStore(bounds, series) in place of metrics.MetricStore; fold(store, step_stats, queue, roots_unsampled,
-// open_step, report, tap) per drain turn, open_step(index) opening a step's stats (Pipeline.open_step_stats),
-// report(exc) told of a record whose fold failed once taken (it is counted, and the fold goes on), and tap,
-// None or tap(op, group label, seconds) for every record folded (Pipeline.meter.collective_value).
+// MetricStore(bounds, series) in place of metrics.MetricStore, which also keeps the steps' aggregates of the
+// records folded (take_step at a step's close: drain/step_close.py); fold(store, queue, roots_unsampled,
+// report, tap) per drain turn, report(exc) told of a record whose fold failed once taken (it is counted, and
+// the fold goes on), and tap, None or tap(op, group label, seconds) for every record folded
+// (Pipeline.meter.collective_value).
 // Everything here runs holding the GIL, which is the store's lock (the exporters' snapshot() holds it too).
 #include <Python.h>
 
@@ -45,9 +46,10 @@ struct Globals {
   PyObject* by_id = nullptr;  // groups.BY_ID: a record's group index -> GroupInfo
   PyObject* factors = nullptr;  // bandwidth.FACTORS: (kind, group size) -> bus factor
   PyObject* unfinished = nullptr;  // names.END_UNFINISHED
-  Py_ssize_t cap = 0;  // steps.Intervals.CAP
-  PyObject *s_size, *s_label, *s_last_completed, *s_intervals, *s_tail, *s_compact, *s_collectives, *s_nbytes,
-      *s_popleft;
+  // drain/step_stats.py's Intervals.CAP, HEAD and KEEP; drain/pipeline.py's STEPS_OPEN and STEPS_OPEN_MAX
+  Py_ssize_t cap = 0, head = 0, keep = 0, steps_open = 0, steps_open_max = 0;
+  PyObject *s_size, *s_label, *s_last_completed, *s_head, *s_tail, *s_folded, *s_folded_end, *s_collectives,
+      *s_nbytes, *s_popleft;
   bool ready = false;
 };
 
@@ -70,9 +72,27 @@ struct PtrPairHash {
   }
 };
 
+using Interval = std::pair<int64_t, int64_t>;
+
+// What the records folded here tell of one training step: drain/step_stats.py's StepStats for them (count,
+// bytes and in-flight intervals, bounded as its Intervals are: the same CAP, HEAD, KEEP and merge), so that
+// an unsampled step makes no Python object until its close takes these (take_step).
+struct StepAgg {
+  int64_t count = 0;
+  __int128 nbytes = 0;
+  uint64_t opened = 0;  // its place in the order steps were opened here
+  std::vector<Interval> head, tail;
+  int64_t folded = 0;
+  bool has_end = false;  // folded_end is not None
+  int64_t folded_end = 0;
+};
+
 struct Impl {
   std::vector<double> bounds;
   std::vector<Series> series;
+  std::unordered_map<long long, StepAgg> steps;  // step serial -> its folded records
+  std::map<uint64_t, long long> opened_order;  // opened -> serial, the oldest first
+  uint64_t opened = 0, closed_opened = 0;  // Pipeline._opened and closed_opened, for these
   // (op, group) string objects -> series position; each key's two references held in `held`
   std::unordered_map<std::pair<PyObject*, PyObject*>, size_t, PtrPairHash> memo;
   std::vector<PyObject*> held;
@@ -209,6 +229,201 @@ int observe(StoreObject* self, PyObject* op, PyObject* group, double seconds, __
   return 0;
 }
 
+// ----------------------------------------------------------------------------- steps' folded records
+
+// drain/step_stats.py's _merge: sorted, overlapping or touching intervals joined.
+std::vector<Interval> merge(std::vector<Interval> v) {
+  std::sort(v.begin(), v.end());
+  std::vector<Interval> out;
+  for (const Interval& iv : v) {
+    if (!out.empty() && iv.first <= out.back().second) {
+      if (iv.second > out.back().second) out.back().second = iv.second;
+    } else {
+      out.push_back(iv);
+    }
+  }
+  return out;
+}
+
+// Intervals._clipped_tail
+std::vector<Interval> clipped_tail(const StepAgg& a) {
+  if (!a.has_end) return a.tail;
+  std::vector<Interval> out;
+  for (const Interval& iv : a.tail) {
+    if (iv.second > a.folded_end) out.push_back({std::max(iv.first, a.folded_end), iv.second});
+  }
+  return out;
+}
+
+// Intervals.compact
+void compact(StepAgg& a) {
+  std::vector<Interval> all = a.head;
+  std::vector<Interval> tail = clipped_tail(a);
+  all.insert(all.end(), tail.begin(), tail.end());
+  std::vector<Interval> merged = merge(std::move(all));
+  size_t h = std::min(merged.size(), static_cast<size_t>(G.head));
+  a.head.assign(merged.begin(), merged.begin() + h);
+  std::vector<Interval> rest(merged.begin() + h, merged.end());
+  if (static_cast<Py_ssize_t>(rest.size()) <= G.cap / 2 || rest.size() <= static_cast<size_t>(G.keep)) {
+    a.tail = std::move(rest);
+    return;
+  }
+  size_t split = rest.size() - static_cast<size_t>(G.keep);
+  for (size_t i = 0; i < split; ++i) a.folded += rest[i].second - rest[i].first;
+  a.folded_end = rest[split - 1].second;
+  a.has_end = true;
+  a.tail.assign(rest.begin() + split, rest.end());
+}
+
+// step_stats.union_seconds, in nanoseconds (sorts `v`)
+int64_t union_ns(std::vector<Interval>& v, int64_t lo, int64_t hi) {
+  std::sort(v.begin(), v.end());
+  int64_t total = 0, end = lo;
+  for (Interval iv : v) {
+    if (iv.first < end) iv.first = end;
+    if (iv.second > hi) iv.second = hi;
+    if (iv.second > iv.first) {
+      total += iv.second - iv.first;
+      end = iv.second;
+    }
+  }
+  return total;
+}
+
+// Intervals.union_seconds, of a step taken (its tail is sorted in place)
+double union_seconds(StepAgg& a, int64_t lo, int64_t hi) {
+  if (!a.has_end && a.head.empty()) return static_cast<double>(union_ns(a.tail, lo, hi)) / 1e9;
+  std::vector<Interval> all = a.head;
+  std::vector<Interval> tail = clipped_tail(a);
+  all.insert(all.end(), tail.begin(), tail.end());
+  return static_cast<double>(union_ns(all, lo, hi)) / 1e9 + static_cast<double>(a.folded) / 1e9;
+}
+
+// Intervals.latest_end
+int64_t latest_end(const StepAgg& a) {
+  bool any = false;
+  int64_t latest = 0;
+  for (const std::vector<Interval>* v : {&a.tail, &a.head}) {
+    for (const Interval& iv : *v) {
+      if (!any || iv.second > latest) latest = iv.second;
+      any = true;
+    }
+  }
+  return any ? latest : (a.has_end ? a.folded_end : 0);
+}
+
+// The step's aggregate, opened as Pipeline.open_step_stats opens a StepStats (and forgets, by the same rule,
+// a step never closed).
+StepAgg& open_step(Impl* impl, long long serial) {
+  auto found = impl->steps.find(serial);
+  if (found != impl->steps.end()) return found->second;
+  if (static_cast<Py_ssize_t>(impl->steps.size()) > G.steps_open) {
+    auto oldest = impl->opened_order.begin();
+    if (oldest->first < impl->closed_opened || static_cast<Py_ssize_t>(impl->steps.size()) > G.steps_open_max) {
+      impl->steps.erase(oldest->second);
+      impl->opened_order.erase(oldest);
+    }
+  }
+  StepAgg& a = impl->steps[serial];
+  a.opened = ++impl->opened;
+  impl->opened_order.emplace(a.opened, serial);
+  return a;
+}
+
+// A Python StepStats (the records Pipeline.process took of the step) into `a`: its intervals join the tail,
+// its folded total and end join a's. 0, or -1 with an error set.
+int add_stats(StepAgg& a, PyObject* stats) {
+  Ref count(PyObject_GetAttr(stats, G.s_collectives));
+  Ref nbytes(count.p ? PyObject_GetAttr(stats, G.s_nbytes) : nullptr);
+  Ref folded(nbytes.p ? PyObject_GetAttr(stats, G.s_folded) : nullptr);
+  Ref end(folded.p ? PyObject_GetAttr(stats, G.s_folded_end) : nullptr);
+  if (end.p == nullptr) return -1;
+  long long c = PyLong_AsLongLong(count.p), f = PyLong_AsLongLong(folded.p);
+  __int128 n;
+  if (PyErr_Occurred() || int128_from_py(nbytes.p, &n) < 0) return -1;
+  std::vector<Interval> added;
+  for (PyObject* name : {G.s_head, G.s_tail}) {
+    Ref list(PyObject_GetAttr(stats, name));
+    Ref seq(list.p ? PySequence_Fast(list.p, "StepStats intervals: a list") : nullptr);
+    if (seq.p == nullptr) return -1;
+    for (Py_ssize_t i = 0; i < PySequence_Fast_GET_SIZE(seq.p); ++i) {
+      PyObject* pair = PySequence_Fast_GET_ITEM(seq.p, i);
+      if (!PyTuple_Check(pair) || PyTuple_GET_SIZE(pair) != 2) {
+        PyErr_SetString(PyExc_TypeError, "StepStats intervals: (start, end) pairs");
+        return -1;
+      }
+      long long x = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 0)), y = PyLong_AsLongLong(PyTuple_GET_ITEM(pair, 1));
+      if (PyErr_Occurred()) return -1;
+      added.push_back({x, y});
+    }
+  }
+  if (end.p != Py_None) {
+    long long e = PyLong_AsLongLong(end.p);
+    if (PyErr_Occurred()) return -1;
+    a.folded_end = a.has_end ? std::max<int64_t>(a.folded_end, e) : e;
+    a.has_end = true;
+  }
+  a.count += c;
+  a.nbytes += n;
+  a.folded += f;
+  a.tail.insert(a.tail.end(), added.begin(), added.end());
+  if (static_cast<Py_ssize_t>(a.tail.size()) >= G.cap) compact(a);
+  return 0;
+}
+
+// take_step(serial, lo, hi, stretch, stats): the close of step `serial` (drain/step_close.py): its folded
+// records' aggregate, forgotten here, with `stats` (the StepStats of the records Pipeline.process took, or
+// None) added: (collectives, bytes, seconds in flight within [lo, hi], hi), hi moved to the latest end of
+// its intervals when `stretch` and later, as StepStats.totals.
+PyObject* store_take_step(PyObject* o, PyObject* const* args, Py_ssize_t nargs) {
+  if (nargs != 5) {
+    PyErr_SetString(PyExc_TypeError, "take_step(serial, lo, hi, stretch, stats)");
+    return nullptr;
+  }
+  Impl* impl = reinterpret_cast<StoreObject*>(o)->impl;
+  long long serial = PyLong_AsLongLong(args[0]), lo = PyLong_AsLongLong(args[1]), hi = PyLong_AsLongLong(args[2]);
+  if (PyErr_Occurred()) return nullptr;
+  int stretch = PyObject_IsTrue(args[3]);
+  if (stretch < 0) return nullptr;
+  StepAgg a;
+  auto found = impl->steps.find(serial);
+  if (found != impl->steps.end()) {
+    a = std::move(found->second);
+    impl->steps.erase(found);
+    impl->opened_order.erase(a.opened);
+    impl->closed_opened = std::max(impl->closed_opened, a.opened);
+  }
+  if (args[4] != Py_None && add_stats(a, args[4]) < 0) return nullptr;
+  if (stretch && a.count) hi = std::max<int64_t>(hi, latest_end(a));
+  double wait = a.count ? union_seconds(a, lo, hi) : 0.0;
+  Ref nbytes(int128_to_py(a.nbytes));
+  if (nbytes.p == nullptr) return nullptr;
+  return Py_BuildValue("(LOdL)", static_cast<long long>(a.count), nbytes.p, wait, hi);
+}
+
+// steps_snapshot(): {serial: (collectives, bytes, [(start, end), ...])} of the steps not closed yet (tests).
+PyObject* store_steps_snapshot(PyObject* o, PyObject*) {
+  Impl* impl = reinterpret_cast<StoreObject*>(o)->impl;
+  std::vector<std::pair<long long, StepAgg>> copy(impl->steps.begin(), impl->steps.end());
+  Ref out(PyDict_New());
+  if (out.p == nullptr) return nullptr;
+  for (const auto& [serial, a] : copy) {
+    Ref list(PyList_New(0));
+    Ref nbytes(int128_to_py(a.nbytes));
+    if (list.p == nullptr || nbytes.p == nullptr) return nullptr;
+    for (const std::vector<Interval>* v : {&a.head, &a.tail}) {
+      for (const Interval& iv : *v) {
+        Ref pair(Py_BuildValue("(LL)", static_cast<long long>(iv.first), static_cast<long long>(iv.second)));
+        if (pair.p == nullptr || PyList_Append(list.p, pair.p) < 0) return nullptr;
+      }
+    }
+    Ref key(PyLong_FromLongLong(serial));
+    Ref value(Py_BuildValue("(LOO)", static_cast<long long>(a.count), nbytes.p, list.p));
+    if (key.p == nullptr || value.p == nullptr || PyDict_SetItem(out.p, key.p, value.p) < 0) return nullptr;
+  }
+  return out.release();
+}
+
 PyObject* store_new(PyTypeObject* type, PyObject* args, PyObject* kwargs) {
   PyObject *bounds, *factory;
   static const char* kw[] = {"bounds", "series", nullptr};
@@ -304,6 +519,9 @@ PyObject* store_snapshot(PyObject* o, PyObject*) {
 PyObject* store_bounds(PyObject* o, void*) { return Py_NewRef(reinterpret_cast<StoreObject*>(o)->bounds); }
 
 PyMethodDef kStoreMethods[] = {
+    {"take_step", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&store_take_step)), METH_FASTCALL,
+     "take_step(serial, lo, hi, stretch, stats): (collectives, bytes, seconds in flight, hi) of a closing step."},
+    {"steps_snapshot", &store_steps_snapshot, METH_NOARGS, "steps_snapshot(): {serial: (collectives, bytes, intervals)}."},
     {"observe", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&store_observe)), METH_FASTCALL,
      "observe(op, group, seconds, message_size, bus_bytes, error, exemplar=None): metrics.MetricStore.observe."},
     {"snapshot", &store_snapshot, METH_NOARGS, "snapshot(): {(op, group): metrics.Series}, copies."},
@@ -316,8 +534,9 @@ PyGetSetDef kStoreGetSet[] = {{"bounds", &store_bounds, nullptr, "The histogram'
 
 // What fold_one reads of a record before taking it.
 struct Read {
-  Ref gi, stats, intervals, tail, collectives, step_nbytes, label;
-  long long nbytes = 0;
+  Ref gi, label;
+  long long nbytes = 0, start = 0, end = 0, serial = 0;
+  bool in_step = false;
   double seconds = 0, factor = 0;
 };
 
@@ -330,7 +549,7 @@ struct FactorMemo {
 
 // 1: `rec` read into `r`, one to fold; 0: one for Pipeline.process (nothing read is kept); -1: an error
 // that is not the record's (a BaseException such as KeyboardInterrupt) to pass on.
-int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyObject* open_step, FactorMemo& memo) {
+int read(PyObject* rec, Read& r, bool roots_unsampled, FactorMemo& memo) {
   if (!PyTuple_CheckExact(rec) || PyTuple_GET_SIZE(rec) != kFields) return 0;
   PyObject* step = PyTuple_GET_ITEM(rec, kStepCtx);
   // An unsampled step's record, not under a caller's span nor a framework context's parent: Pipeline.process's
@@ -353,6 +572,8 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyO
   long long start = PyLong_AsLongLongAndOverflow(t0, &overflow);
   long long end = overflow ? 0 : PyLong_AsLongLongAndOverflow(t1, &overflow);
   r.nbytes = overflow ? 0 : PyLong_AsLongLongAndOverflow(nbytes, &overflow);
+  r.start = start;
+  r.end = end;
   if (PyErr_Occurred() || overflow || g < 0 || g >= PyList_GET_SIZE(G.by_id)) goto other;
   if (gpu != Py_None) {
     double ns = PyFloat_AsDouble(gpu);  // as gpu_ns / 1e9 converts an int
@@ -384,17 +605,10 @@ int read(PyObject* rec, Read& r, PyObject* step_stats, bool roots_unsampled, PyO
   }
   r.label.p = PyObject_GetAttr(r.gi.p, G.s_label);
   if (r.label.p == nullptr || !PyUnicode_CheckExact(r.label.p)) goto other;
-  if (step != Py_None) {  // last: a record left for Pipeline.process leaves no step opened
-    PyObject* index = PyTuple_GET_ITEM(step, 0);
-    r.stats.p = Py_XNewRef(PyDict_GetItemWithError(step_stats, index));
-    if (r.stats.p == nullptr) {  // the step's first record: opened as Pipeline.process would
-      if (PyErr_Occurred() || (r.stats.p = PyObject_CallOneArg(open_step, index)) == nullptr) goto other;
-    }
-    r.intervals.p = PyObject_GetAttr(r.stats.p, G.s_intervals);
-    r.tail.p = r.intervals.p ? PyObject_GetAttr(r.intervals.p, G.s_tail) : nullptr;
-    r.collectives.p = r.tail.p ? PyObject_GetAttr(r.stats.p, G.s_collectives) : nullptr;
-    r.step_nbytes.p = r.collectives.p ? PyObject_GetAttr(r.stats.p, G.s_nbytes) : nullptr;
-    if (r.step_nbytes.p == nullptr || !PyList_CheckExact(r.tail.p)) goto other;
+  if (step != Py_None) {
+    r.serial = PyLong_AsLongLongAndOverflow(PyTuple_GET_ITEM(step, 0), &overflow);
+    if (overflow || PyErr_Occurred()) goto other;
+    r.in_step = true;
   }
   return 1;
 other:
@@ -407,28 +621,19 @@ other:
   return 0;
 }
 
-// A step's intervals, count and bytes, with `rec`'s: 0, or -1 with an error set.
-int update_step(PyObject* rec, Read& r) {
-  Ref interval(PyTuple_Pack(2, PyTuple_GET_ITEM(rec, kTStart), PyTuple_GET_ITEM(rec, kTEnd)));
-  if (interval.p == nullptr || PyList_Append(r.tail.p, interval.p) < 0) return -1;
-  if (PyList_GET_SIZE(r.tail.p) >= G.cap) {
-    Ref done(PyObject_CallMethodNoArgs(r.intervals.p, G.s_compact));
-    if (done.p == nullptr) return -1;
-  }
-  Ref one(PyLong_FromLong(1));
-  if (one.p == nullptr) return -1;
-  Ref collectives(PyNumber_Add(r.collectives.p, one.p));
-  Ref step_nbytes(collectives.p ? PyNumber_Add(r.step_nbytes.p, PyTuple_GET_ITEM(rec, kNbytes)) : nullptr);
-  if (step_nbytes.p == nullptr || PyObject_SetAttr(r.stats.p, G.s_collectives, collectives.p) < 0 ||
-      PyObject_SetAttr(r.stats.p, G.s_nbytes, step_nbytes.p) < 0)
-    return -1;
-  return 0;
+// A step's intervals, count and bytes, with the record's.
+void update_step(StoreObject* store, const Read& r) {
+  StepAgg& a = open_step(store->impl, r.serial);
+  a.tail.push_back({r.start, r.end});
+  if (static_cast<Py_ssize_t>(a.tail.size()) >= G.cap) compact(a);
+  a.count += 1;
+  a.nbytes += r.nbytes;
 }
 
 // Folds `rec`, taken from the queue, as Pipeline.process would: 0, or -1 with an error set. `tap`, when not
 // None, gets (op, group label, seconds) of every record folded (Pipeline.meter: a MeterProvider's histogram).
 int fold_one(StoreObject* store, PyObject* rec, Read& r, PyObject* tap) {
-  if (r.stats.p != nullptr && update_step(rec, r) < 0) return -1;
+  if (r.in_step) update_step(store, r);
   PyObject* error = PyTuple_GET_ITEM(rec, kError);
   if (observe(store, PyTuple_GET_ITEM(rec, kOp), r.label.p, r.seconds, r.nbytes, static_cast<double>(r.nbytes) * r.factor,
               error != Py_None, nullptr) < 0)
@@ -453,10 +658,9 @@ int fold_one(StoreObject* store, PyObject* rec, Read& r, PyObject* tap) {
 }
 
 PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
-  if (nargs != 7 || !PyObject_TypeCheck(args[0], &StoreType) || !PyDict_Check(args[1]) || !PyCallable_Check(args[4]) ||
-      !PyCallable_Check(args[5]) || (args[6] != Py_None && !PyCallable_Check(args[6]))) {
-    PyErr_SetString(PyExc_TypeError,
-                    "fold(store: MetricStore, step_stats: dict, queue: deque, roots_unsampled: bool, open_step, report, tap)");
+  if (nargs != 5 || !PyObject_TypeCheck(args[0], &StoreType) || !PyCallable_Check(args[3]) ||
+      (args[4] != Py_None && !PyCallable_Check(args[4]))) {
+    PyErr_SetString(PyExc_TypeError, "fold(store: MetricStore, queue: deque, roots_unsampled: bool, report, tap)");
     return nullptr;
   }
   if (!G.ready) {
@@ -464,8 +668,8 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     return nullptr;
   }
   StoreObject* store = reinterpret_cast<StoreObject*>(args[0]);
-  PyObject *step_stats = args[1], *queue = args[2], *open_step = args[4], *report = args[5], *tap = args[6];
-  int roots_unsampled = PyObject_IsTrue(args[3]);
+  PyObject *queue = args[1], *report = args[3], *tap = args[4];
+  int roots_unsampled = PyObject_IsTrue(args[2]);
   if (roots_unsampled < 0) return nullptr;
   Ref popleft(PyObject_GetAttr(queue, G.s_popleft));
   if (popleft.p == nullptr) return nullptr;
@@ -480,7 +684,7 @@ PyObject* fold(PyObject*, PyObject* const* args, Py_ssize_t nargs) {
     Ref rec(PySequence_GetItem(queue, 0));
     if (rec.p == nullptr) return nullptr;
     Read r;
-    int ours = read(rec.p, r, step_stats, roots_unsampled, open_step, memo);
+    int ours = read(rec.p, r, roots_unsampled, memo);
     if (ours < 0) return nullptr;
     if (ours == 0) break;
     Ref taken(PyObject_CallNoArgs(popleft.p));  // only this thread takes from the left (the drain's lock)
@@ -508,21 +712,37 @@ PyObject* setup(PyObject*, PyObject* config) {
   PyObject* by_id = PyDict_GetItemString(config, "by_id");
   PyObject* factors = PyDict_GetItemString(config, "factors");
   PyObject* unfinished = PyDict_GetItemString(config, "end_unfinished");
-  PyObject* cap = PyDict_GetItemString(config, "intervals_cap");
   if (by_id == nullptr || !PyList_CheckExact(by_id) || factors == nullptr || !PyDict_CheckExact(factors) ||
-      unfinished == nullptr || cap == nullptr || !PyLong_Check(cap)) {
-    PyErr_SetString(PyExc_ValueError, "fold_setup: by_id (list), factors (dict), end_unfinished, intervals_cap (int) needed");
+      unfinished == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "fold_setup: by_id (list), factors (dict), end_unfinished needed");
     return nullptr;
   }
-  Py_ssize_t cap_value = PyLong_AsSsize_t(cap);
-  if (cap_value == -1 && PyErr_Occurred()) return nullptr;
+  struct Size {
+    Py_ssize_t* slot;
+    const char* key;
+  } sizes[] = {{&G.cap, "intervals_cap"}, {&G.head, "intervals_head"}, {&G.keep, "intervals_keep"},
+               {&G.steps_open, "steps_open"}, {&G.steps_open_max, "steps_open_max"}};
+  Py_ssize_t values[5];
+  for (size_t i = 0; i < 5; ++i) {
+    PyObject* v = PyDict_GetItemString(config, sizes[i].key);
+    if (v == nullptr || !PyLong_Check(v)) {
+      PyErr_Format(PyExc_ValueError, "fold_setup: %s (int) needed", sizes[i].key);
+      return nullptr;
+    }
+    if ((values[i] = PyLong_AsSsize_t(v)) == -1 && PyErr_Occurred()) return nullptr;
+  }
   struct Name {
     PyObject** slot;
     const char* text;
-  } names[] = {{&G.s_size, "size"},         {&G.s_label, "label"},
-               {&G.s_last_completed, "last_completed"}, {&G.s_intervals, "intervals"},
-               {&G.s_tail, "tail"},         {&G.s_compact, "compact"},
-               {&G.s_collectives, "collectives"}, {&G.s_nbytes, "nbytes"},
+  } names[] = {{&G.s_size, "size"},
+               {&G.s_label, "label"},
+               {&G.s_last_completed, "last_completed"},
+               {&G.s_head, "head"},
+               {&G.s_tail, "tail"},
+               {&G.s_folded, "folded"},
+               {&G.s_folded_end, "folded_end"},
+               {&G.s_collectives, "collectives"},
+               {&G.s_nbytes, "nbytes"},
                {&G.s_popleft, "popleft"}};
   for (auto& nm : names) {  // each kept once made: a setup that failed part-way is completed by the next
     if (*nm.slot == nullptr && (*nm.slot = PyUnicode_InternFromString(nm.text)) == nullptr) return nullptr;
@@ -530,7 +750,7 @@ PyObject* setup(PyObject*, PyObject* config) {
   Py_XSETREF(G.by_id, Py_NewRef(by_id));
   Py_XSETREF(G.factors, Py_NewRef(factors));
   Py_XSETREF(G.unfinished, Py_NewRef(unfinished));
-  G.cap = cap_value;
+  for (size_t i = 0; i < 5; ++i) *sizes[i].slot = values[i];
   G.ready = true;
   Py_RETURN_NONE;
 }
@@ -538,7 +758,7 @@ PyObject* setup(PyObject*, PyObject* config) {
 PyMethodDef kMethods[] = {
     {"fold_setup", &setup, METH_O, "fold_setup(dict): the objects fold() reads (Pipeline.use_native)."},
     {"fold", reinterpret_cast<PyCFunction>(reinterpret_cast<void (*)()>(&fold)), METH_FASTCALL,
-     "fold(store, step_stats, queue, roots_unsampled, open_step, report, tap): folds the unsampled records at the queue's front; how many."},
+     "fold(store, queue, roots_unsampled, report, tap): folds the unsampled records at the queue's front; how many."},
     {nullptr, nullptr, 0, nullptr}};
 
 }  // namespace
