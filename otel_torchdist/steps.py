@@ -43,6 +43,7 @@ from .patching import Patch
 
 _log = logging.getLogger("otel_torchdist")
 _RECENT_MASK = len(R.RECENT_STEPS) - 1
+_STEP, _RECENT_STEPS = R.STEP, R.RECENT_STEPS  # lists never replaced: bound once for the per-step paths
 
 
 def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
@@ -155,32 +156,37 @@ TAKEOVER_STEPS = 2  # in a row without the lead: a new phase (the lead replaced)
 
 
 class _Recent:
-    """The last ``size`` step durations and their median, kept sorted as they come (the median is read
-    every step: sorting the window each time cost the drain more than the rest of a step's close)."""
+    """The last ``size`` step durations and their median. The median each step's close compares with is
+    refreshed every ``REFRESH`` steps once the window holds ``2 * REFRESH`` (a sorted window kept up to date
+    every step cost the drain more than the rest of the step's close; a median a few steps old tells a slow
+    step as well)."""
 
-    __slots__ = ("order", "sorted")
+    REFRESH = 16
+    __slots__ = ("order", "_median", "_left")
 
     def __init__(self, size: int) -> None:
         self.order: deque[float] = deque(maxlen=size)
-        self.sorted: list[float] = []
+        self._median: float | None = None
+        self._left = 0  # steps until the median is refreshed
 
     def __len__(self) -> int:
         return len(self.order)
 
     def append(self, value: float) -> float | None:
-        """Add ``value``; returns the median of the window before it (one call a step for both)."""
-        values = self.sorted
-        k = len(values)
-        median = None if not k else values[k // 2] if k % 2 else (values[k // 2 - 1] + values[k // 2]) / 2
-        order = self.order
-        if k == order.maxlen:
-            del values[bisect.bisect_left(values, order[0])]
-        order.append(value)
-        bisect.insort(values, value)
-        return median
+        """Add ``value``; returns the median of the window before it, as of at most REFRESH steps ago."""
+        left = self._left
+        if left:
+            self._left = left - 1
+        else:
+            self._median = self.median()
+            if len(self.order) >= 2 * self.REFRESH:
+                self._left = self.REFRESH - 1
+        self.order.append(value)
+        return self._median
 
     def median(self) -> float | None:
-        values = self.sorted
+        """The window's median now."""
+        values = sorted(self.order)
         k = len(values)
         if not k:
             return None
@@ -209,6 +215,7 @@ class StepTracker:
         # training thread. Replaced, not cleared, when the run id changes (see prepare_ids).
         self._ids: dict[int, tuple] = {}
         self._ids_top = 0  # the highest step number whose ids the table was given
+        self._prepared = (0, 0)  # (index, serial) at the last prepare_ids
         self.deep: Any = None
         self.pipeline: Any = None
         self.exchange: Any = None
@@ -236,7 +243,7 @@ class StepTracker:
             self.pipeline = pipeline
             pipeline.step_tracker = self
             self.trace_key, self.rank, self.world = trace_key, rank, world
-            self._ids, self._ids_top = {}, 0
+            self._ids, self._ids_top, self._prepared = {}, 0, (0, 0)
             if not self.explicit and not self.open:
                 self.begin(source="optimizer")
 
@@ -327,7 +334,7 @@ class StepTracker:
             ids = self._ids_of(index, occurrence)
         trace = ids[0]
         # capture/step_context.py's fields, in one literal (every step)
-        R.STEP[0] = R.RECENT_STEPS[serial & _RECENT_MASK] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
+        _STEP[0] = _RECENT_STEPS[serial & _RECENT_MASK] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
         R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
 
@@ -365,8 +372,8 @@ class StepTracker:
     ) -> tuple | None:
         """Mark the open step closed (lock held); returns the deferred entry of its close for the drain
         (see record.queue), or None when there is nothing to build (identity unknown, not attached)."""
-        ctx = R.STEP[0]
-        R.STEP[0] = None
+        ctx = _STEP[0]
+        _STEP[0] = None
         R.SLOTS[0] = 0
         self.open = False
         if ctx is None or self.pipeline is None:
@@ -480,19 +487,27 @@ class StepTracker:
     def prepare_ids(self) -> None:
         """On the drain thread: make the contexts of the coming steps, so that begin() finds them.
 
-        Counting up, the table is kept at least IDS_AHEAD steps ahead at every step's close, from the
-        highest number made so far, filled to the end of a SHAKE block (``step_ids``) at a time: one
-        unpacking of 64 steps' ids, where a step at a time cost each step's close four calls. Numbers that
-        jump or go down (evaluation steps numbered apart) refill it only once half of it is behind them."""
+        The drain calls it after each round that closed steps. Counting up, the table is kept at least
+        IDS_AHEAD steps ahead, from the highest number made so far, filled to the end of a SHAKE block
+        (``step_ids``) at a time: one unpacking of 64 steps' ids, where a step at a time cost each step's
+        close four calls. Numbers that jump or go down (evaluation steps numbered apart) refill it only once
+        half of it is behind them."""
         table = self._ids  # before the run id: attach() sets the run id, then a new table
-        index = self.index
+        index, serial = self.index, self.serial
+        seen_index, seen_serial = self._prepared
+        self._prepared = (index, serial)
         last = index + IDS_AHEAD
         if self.trace_key is None or last in table:
             return
         top = self._ids_top
-        if index < top < last and top in table:  # counting up, a step or more since the last call
+        # Counting up past the table's top: the numbers went up by as many as the steps begun since the last
+        # call (a drain round may come many steps later, the training thread past the table), or the table
+        # is still ahead of them.
+        if top < last and (
+            (seen_index < index and index - seen_index == serial - seen_serial) or (index < top and top in table)
+        ):
             end = last | (STEPS_PER_BLOCK - 1)  # the end of last's block
-            self._fill(top + 1, end)
+            self._fill(max(top, index) + 1, end)
             self._ids_top = end
             return
         if index + IDS_AHEAD // 2 in table:

@@ -60,6 +60,7 @@ _inflight = completion._inflight
 _log = logging.getLogger("otel_torchdist")
 LOGGING_EVERY = 50
 WASTE_CHECK_AFTER = 10  # iterations before deciding find_unused_parameters=True was unnecessary
+_READ_AT = frozenset({3, WASTE_CHECK_AFTER + 2})  # forwards that read DDP's logging data (and every LOGGING_EVERY)
 
 _state: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()  # DDP -> _Trampoline
 # id(DDP) -> forward count, dropped when the model is collected: a plain dict read per forward, where a
@@ -463,7 +464,7 @@ def _wrap_forward(orig):
         count += 1
         _forwards[key] = count
         # DDP has averages from its third forward on (two iterations measured).
-        if count == 3 or count % LOGGING_EVERY == 0 or count == WASTE_CHECK_AFTER + 2:
+        if count in _READ_AT or not count % LOGGING_EVERY:
             _read_logging_data(self)
         return orig(self, *args, **kwargs)
 

@@ -206,8 +206,8 @@ class Config:
     exchange off (Prometheus can still rank the per-rank compute and wait metrics). Off above 1024 ranks."""
 
     slow_step_factor: float = 3.0
-    """Warn when a step takes more than this many times the median of recent steps. Env:
-    ``OTEL_TORCHDIST_WARN_SLOW_STEP_FACTOR``; 0 disables."""
+    """Warn when a step takes more than this many times the median of recent steps (the last 101, the
+    median refreshed every 16 steps). Env: ``OTEL_TORCHDIST_WARN_SLOW_STEP_FACTOR``; 0 disables."""
 
     compile_capture: str = "off"
     """``sampled``: inside ``otel_torchdist.step()`` blocks of sampled steps, also record the collectives

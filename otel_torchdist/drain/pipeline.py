@@ -179,6 +179,13 @@ class Pipeline:
                     except Exception as exc:
                         fn = deferred_function(entry)
                         health.error("pipeline", f"deferred telemetry work {getattr(fn, '__name__', fn)} failed", exc)
+                if closes and self.step_tracker is not None:
+                    # The coming steps' ids, once a round that closed steps (not at each close: it is the
+                    # training thread's numbering that decides how far ahead they are needed).
+                    try:
+                        self.step_tracker.prepare_ids()
+                    except Exception as exc:
+                        health.error("pipeline", "could not prepare the coming steps' ids", exc)
                 if not q and not deferred:
                     break
         self.processed += count

@@ -23,7 +23,6 @@ _SERIAL, _SAMPLED, _INDEX = S.SERIAL, S.SAMPLED, S.INDEX
 def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backward, final, error, warmup, stretch) -> None:
     # Runs once per training step on the drain thread: locals, and the step's series bound once.
     tracker = pipeline.step_tracker
-    tracker.prepare_ids()
     serial, sampled, index = ctx[_SERIAL], ctx[_SAMPLED], ctx[_INDEX]
     stats = pipeline.step_stats.pop(serial, None)  # the records process() took (traced steps)
     if serial > pipeline.last_closed_step:
