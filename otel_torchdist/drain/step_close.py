@@ -72,9 +72,8 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
         tracker.setup = (index, duration, compute, wait)  # apart from the steady state (the summary)
     else:
         median = recent.append(duration)
-    if tracker.total is not None:
-        typical = recent.median()
-        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * (duration if typical is None else typical))
+    if tracker.total is not None:  # the median the slow check uses: sorting the window each step costs a close
+        fw.set(n.TRAIN_ETA, (), max(tracker.total - index, 0) * (duration if median is None else median))
     if tracker.exchange is not None:
         tracker.exchange.add_step(serial, duration, compute, wait)
     factor = tracker.cfg.slow_step_factor
