@@ -46,6 +46,12 @@ _RECENT_MASK = len(R.RECENT_STEPS) - 1
 _STEP, _RECENT_STEPS = R.STEP, R.RECENT_STEPS  # lists never replaced: bound once for the per-step paths
 
 
+STEPS_PER_BLOCK = 64
+_RANK_MIX, _MASK64 = 0x9E3779B97F4A7C15, (1 << 64) - 1
+_streams: dict[tuple[str, int], bytes] = {}
+_UNPACK = [struct.Struct(f">{4 * n}Q").unpack_from for n in range(STEPS_PER_BLOCK + 1)]  # n steps' words
+
+
 def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     """(trace id, root span id, this rank's step span id) of step ``index``: the same on every rank.
 
@@ -55,13 +61,16 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     share a step span id) makes this rank's step span id. One hash for 64 steps, where a hash per step and
     per rank cost the drain ~1.3 us a step."""
     block, i = divmod(index, STEPS_PER_BLOCK)
-    high, low, root, base = _unpack(_stream(key, block), 32 * i)
+    high, low, root, base = _UNPACK[1](_stream(key, block), 32 * i)
     return (high << 64 | low) or 1, root or 1, (base ^ (rank * _RANK_MIX & _MASK64)) or 1
 
 
-def block_ids(key: str, block: int, rank: int) -> list[tuple[int, int, int]]:
-    """``step_ids`` of the 64 steps of ``block`` (steps ``64 * block`` to ``64 * block + 63``), in order."""
-    words = _unpack_block(_stream(key, block))
+def block_ids(
+    key: str, block: int, rank: int, first: int = 0, count: int = STEPS_PER_BLOCK
+) -> list[tuple[int, int, int]]:
+    """``step_ids`` of ``count`` steps of ``block`` from its ``first`` (steps ``64 * block + first`` on), in
+    order (as step_ids makes each): one unpacking of their part of the block's stream."""
+    words = _UNPACK[count](_stream(key, block), 32 * first)
     mix = rank * _RANK_MIX & _MASK64
     return [
         ((words[k] << 64 | words[k + 1]) or 1, words[k + 2] or 1, (words[k + 3] ^ mix) or 1) for k in range(0, len(words), 4)
@@ -76,13 +85,6 @@ def _stream(key: str, block: int) -> bytes:
         seed = b"%s:steps:%d" % (key.encode(), block)
         stream = _streams[(key, block)] = hashlib.shake_128(seed).digest(32 * STEPS_PER_BLOCK)
     return stream
-
-
-STEPS_PER_BLOCK = 64
-_RANK_MIX, _MASK64 = 0x9E3779B97F4A7C15, (1 << 64) - 1
-_unpack = struct.Struct(">4Q").unpack_from
-_unpack_block = struct.Struct(f">{4 * STEPS_PER_BLOCK}Q").unpack
-_streams: dict[tuple[str, int], bytes] = {}
 
 
 class Occurrences:
@@ -519,9 +521,14 @@ class StepTracker:
         # Past every number made: a jump. Only a few ahead, until the numbers are seen to count up (steps
         # numbered by samples jump every step, and a full table each time would be IDS_AHEAD ids a step).
         end = index + IDS_AFTER_JUMP if index >= top else last
-        for i in range(index + 1, end + 1):
-            if i not in table:
-                self._fill(i, i)
+        run = None  # the first of the numbers missing since the last one found
+        for i in range(index + 1, end + 2):
+            if i <= end and i not in table:
+                if run is None:
+                    run = i
+            elif run is not None:
+                self._fill(run, i - 1)  # a run of missing numbers, one unpacking per block
+                run = None
         self._ids_top = max(top, end)
 
     def _fill(self, first: int, last: int) -> None:
@@ -530,10 +537,11 @@ class StepTracker:
         rule = self._rule()
         picked_first, every = rule or (0, 0)
         for block in range(first // STEPS_PER_BLOCK, last // STEPS_PER_BLOCK + 1):
-            base = block * STEPS_PER_BLOCK
-            ids = block_ids(key, block, rank)
-            for i in range(max(first, base), min(last, base + STEPS_PER_BLOCK - 1) + 1):
-                trace, root, rank_span = ids[i - base]
+            lo = max(first, block * STEPS_PER_BLOCK)
+            hi = min(last, block * STEPS_PER_BLOCK + STEPS_PER_BLOCK - 1)
+            ids = block_ids(key, block, rank, lo - block * STEPS_PER_BLOCK, hi - lo + 1)
+            for i in range(lo, hi + 1):
+                trace, root, rank_span = ids[i - lo]
                 if rule is None:
                     traced = sampled(i, trace, 0)
                 else:  # _picked of a first occurrence, in place: a call less per step

@@ -385,6 +385,13 @@ def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, mo
         assert len(made) % STEPS_PER_BLOCK == 0
 
 
+def test_a_blocks_ids_are_each_steps_ids():
+    from otel_torchdist.steps import block_ids
+
+    assert block_ids("run-b", 2, 3) == [step_ids("run-b", 128 + i, 3) for i in range(64)]
+    assert block_ids("run-b", -1, 0, 5, 3) == [step_ids("run-b", -59 + i, 0) for i in range(3)]
+
+
 def test_step_span_ids_differ_across_ranks_and_steps():
     ids = {step_ids("run-w", i, r)[2] for i in range(200) for r in range(64)}
     roots = {step_ids("run-w", i, 0)[1] for i in range(200)}

@@ -83,19 +83,16 @@ class Intervals:
 
 
 class StepStats(Intervals):
-    """What the drain thread gathers about one step until the step closes: its collectives' in-flight
-    intervals (it is its own Intervals: one object made per step, in one ``__init__``, where two cost the
-    fold of every step's first record a third of its time), count and bytes, and the spans it admitted under
+    """What the drain thread gathers about one step until the step closes (of the records Pipeline.process
+    takes; the native fold keeps its own, native/fold.cpp): its collectives' in-flight intervals (it is its
+    own Intervals: one object per step), count and bytes, and the spans it admitted under
     ``max_spans_per_step`` (with the parents they point at, which are admitted beyond the cap)."""
 
     __slots__ = ("collectives", "nbytes", "spans", "parents", "capped", "opened")
 
     def __init__(self, opened: int = 0) -> None:
+        super().__init__()
         self.opened = opened  # its place in the order steps were opened (Pipeline.open_step_stats)
-        self.head = []
-        self.tail = []
-        self.folded = 0
-        self.folded_end = None
         self.collectives = 0
         self.nbytes = 0
         self.spans = 0
