@@ -65,16 +65,17 @@ def step_ids(key: str, index: int, rank: int) -> tuple[int, int, int]:
     return (high << 64 | low) or 1, root or 1, (base ^ (rank * _RANK_MIX & _MASK64)) or 1
 
 
-def block_ids(
-    key: str, block: int, rank: int, first: int = 0, count: int = STEPS_PER_BLOCK
-) -> list[tuple[int, int, int]]:
-    """``step_ids`` of ``count`` steps of ``block`` from its ``first`` (steps ``64 * block + first`` on), in
-    order (as step_ids makes each): one unpacking of their part of the block's stream."""
+def block_table(key: str, block: int, rank: int, first: int = 0, count: int = STEPS_PER_BLOCK) -> dict[int, tuple]:
+    """``step_ids`` of ``count`` steps of ``block`` from its ``first`` (steps ``64 * block + first`` on), as the
+    step tracker's table holds them: step number -> (trace id, this rank's span id, False, root span id), the
+    third the sampling decision, left to the caller. One unpacking of their part of the block's stream."""
     words = _UNPACK[count](_stream(key, block), 32 * first)
     mix = rank * _RANK_MIX & _MASK64
-    return [
-        ((words[k] << 64 | words[k + 1]) or 1, words[k + 2] or 1, (words[k + 3] ^ mix) or 1) for k in range(0, len(words), 4)
-    ]
+    start = STEPS_PER_BLOCK * block + first
+    return {
+        i: ((high << 64 | low) or 1, (base ^ mix) or 1, False, root or 1)
+        for i, high, low, root, base in zip(range(start, start + count), words[0::4], words[1::4], words[2::4], words[3::4])
+    }
 
 
 def _stream(key: str, block: int) -> bytes:
@@ -533,20 +534,24 @@ class StepTracker:
 
     def _fill(self, first: int, last: int) -> None:
         """The table's entries of steps ``first`` to ``last`` (their first occurrence), as _ids_of makes them."""
-        table, key, rank, sampled = self._ids, self.trace_key, self.rank, self.sampled
+        table, key, rank = self._ids, self.trace_key, self.rank
         rule = self._rule()
-        picked_first, every = rule or (0, 0)
         for block in range(first // STEPS_PER_BLOCK, last // STEPS_PER_BLOCK + 1):
             lo = max(first, block * STEPS_PER_BLOCK)
             hi = min(last, block * STEPS_PER_BLOCK + STEPS_PER_BLOCK - 1)
-            ids = block_ids(key, block, rank, lo - block * STEPS_PER_BLOCK, hi - lo + 1)
-            for i in range(lo, hi + 1):
-                trace, root, rank_span = ids[i - lo]
-                if rule is None:
-                    traced = sampled(i, trace, 0)
-                else:  # _picked of a first occurrence, in place: a call less per step
-                    traced = i <= picked_first or (every > 0 and i % every == 0)
-                table[i] = (trace, rank_span, traced, root)
+            entries = block_table(key, block, rank, lo - block * STEPS_PER_BLOCK, hi - lo + 1)
+            if rule is None:
+                traced = [i for i, entry in entries.items() if self.sampled(i, entry[0], 0)]
+            else:  # _picked of first occurrences: the first steps, and the multiples of every
+                picked_first, every = rule
+                traced = list(range(lo, min(hi, picked_first) + 1))
+                if every > 0:
+                    start = max(lo, picked_first + 1)
+                    traced += range(start + -start % every, hi + 1, every)
+            for i in traced:
+                trace, rank_span, _, root = entries[i]
+                entries[i] = (trace, rank_span, True, root)
+            table.update(entries)
 
     def record(self, **values: float | None) -> None:
         with self._lock:

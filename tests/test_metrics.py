@@ -6,7 +6,7 @@ import bisect
 import random
 
 from otel_torchdist import names as n
-from otel_torchdist.drain.metrics import FrameworkMetrics, MetricStore, collective_metrics
+from otel_torchdist.drain.metrics import FrameworkMetrics, Histogram, MetricStore, collective_metrics
 
 
 def test_collective_series_match_a_direct_computation_in_any_order():
@@ -38,6 +38,29 @@ def test_collective_series_match_a_direct_computation_in_any_order():
     points = {m.metric.name: m.points for m in collective_metrics(snap, {n.M_RANK: "0"})}
     (hist,) = [p for p in points[n.COLLECTIVE_DURATION.name] if p.attributes[n.M_OP] == "all_reduce"]
     assert hist.count == len(values) and sum(hist.bucket_counts) == len(values)
+
+
+def test_a_histogram_folded_in_batches_equals_one_value_at_a_time():
+    # Values wait and are folded when read or when FOLD_AT wait: read at odd moments, the result is what a
+    # bisection per value gives (values on a bound go to that bound's bucket).
+    h = Histogram()
+    rng = random.Random(3)
+    values = [rng.lognormvariate(-5, 3) for _ in range(3 * Histogram.FOLD_AT + 17)] + list(h.bounds[:5])
+    seen = []
+    for i, v in enumerate(values):
+        h.observe(v)
+        seen.append(v)
+        if i in (0, 1, 100, 700):
+            assert (h.count, h.min, h.max) == (len(seen), min(seen), max(seen))
+        assert len(h.waiting) < Histogram.FOLD_AT
+    expected = [0] * (len(h.bounds) + 1)
+    for v in values:
+        expected[bisect.bisect_left(h.bounds, v)] += 1
+    point = h.point({})
+    assert point.bucket_counts == expected and point.count == len(values)
+    assert abs(point.sum - sum(values)) < 1e-12 * sum(values)
+    assert (point.min, point.max) == (min(values), max(values))
+    assert Histogram().point({}).count == 0 and Histogram().min is None
 
 
 def test_bound_children_are_the_series_the_keyed_calls_update():

@@ -386,10 +386,13 @@ def test_the_coming_steps_ids_are_made_about_once_each(numbers, closes_every, mo
 
 
 def test_a_blocks_ids_are_each_steps_ids():
-    from otel_torchdist.steps import block_ids
+    from otel_torchdist.steps import block_table
 
-    assert block_ids("run-b", 2, 3) == [step_ids("run-b", 128 + i, 3) for i in range(64)]
-    assert block_ids("run-b", -1, 0, 5, 3) == [step_ids("run-b", -59 + i, 0) for i in range(3)]
+    def table(*ids):  # step_ids as the table holds them: trace, rank span, sampled (left False), root
+        return tuple(ids[k] for k in (0, 2)) + (False, ids[1])
+
+    assert block_table("run-b", 2, 3) == {128 + i: table(*step_ids("run-b", 128 + i, 3)) for i in range(64)}
+    assert block_table("run-b", -1, 0, 5, 3) == {-59 + i: table(*step_ids("run-b", -59 + i, 0)) for i in range(3)}
 
 
 def test_step_span_ids_differ_across_ranks_and_steps():
@@ -826,3 +829,17 @@ def test_the_prepared_ids_sample_as_sampled_decides(traced, sampler, traces_samp
     decided = {i: entry[2] for i, entry in tracker._ids.items()}
     assert decided == {i: tracker.sampled(i, tracker._ids[i][0], 0) for i in range(-70, 201)}
     assert any(decided.values()) == traced and not all(decided.values())
+
+
+@pytest.mark.parametrize("first, every", [(10, 100), (0, 0), (5, 7), (70, 3), (-3, 64)])
+def test_the_filled_table_holds_what_each_steps_ids_give(first, every):
+    # The table's entries (made a block at a time, sampling decided by the first steps and the multiples)
+    # are what _ids_of makes for each step on its own, across blocks and below zero.
+    from otel_torchdist.config import Config
+    from otel_torchdist.steps import StepTracker
+
+    tracker = StepTracker(Config(trace_first_steps=first, trace_every_steps=every))
+    tracker.trace_key, tracker.rank = "run-fill", 5
+    tracker._fill(-70, 200)
+    assert tracker._ids == {i: tracker._ids_of(i, 0) for i in range(-70, 201)}
+    assert any(entry[2] for entry in tracker._ids.values())

@@ -20,6 +20,7 @@ from typing import Any
 from .. import health
 from . import caller, context, framework_spans
 from . import record as R
+from . import step_context as S
 
 _tls = threading.local()
 _handles: list[Any] = []
@@ -28,7 +29,12 @@ _handles: list[Any] = []
 # the optimizer step ends, which goes to the drain inside the optimizer step's own entry: one queued
 # tuple per training step instead of two.
 closer: list[Any] = [None]
-_FINISHED = R.reserve("optimizer_step")  # drain/optimizer.py's finished
+_FINISHED = R.reserve("optimizer_step")  # drain/optimizer.py's finished (a traced step's)
+_TIMED = R.reserve("optimizer_timed")  # drain/optimizer.py's timed (an untraced step's: its duration only)
+_SAMPLED = S.SAMPLED
+# The framework context inside an untraced optimizer step outside any other framework context (the common
+# case): its collectives' phase is "optimizer" and their parent the training step.
+_UNTRACED_CTX = context.EMPTY[:2] + ("optimizer", None, None) + context.EMPTY[5:]
 _getframe = sys._getframe
 _graph_task_id = R._graph_task_id
 
@@ -118,23 +124,28 @@ def _pre(optimizer, args, kwargs) -> None:
         st.depth = 1
         tls = R.TLS
         user, fw, step = caller.get_current() or None, tls.ctx, R.STEP[0]
-        if framework_spans.untraced(user, fw, step):
-            # Its optimizer.step span is never built, so it gets no id (the collectives the step issues fall
-            # back to the training step as their parent, untraced as well).
+        if user is None and fw is None and step is not None and not step[_SAMPLED]:
+            # framework_spans.untraced's common case, in place: the optimizer.step span is never built, so it
+            # gets no id (the collectives the step issues fall back to the training step as their parent).
             trace = span = parent = None
+            tls.ctx = _UNTRACED_CTX
         else:
-            trace, span, parent = framework_spans.open_span((user, fw, step))
-        base = fw or context.EMPTY
-        tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
+            if framework_spans.untraced(user, fw, step):
+                trace = span = parent = None
+            else:
+                trace, span, parent = framework_spans.open_span((user, fw, step))
+            base = fw or context.EMPTY
+            tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
         st.frame, st.token, st.optimizer, st.inner, st.user, st.step = hook_frame, fw, optimizer, None, user, step
         st.trace, st.span, st.parent = trace, span, parent
         if st.closures:
             st.closures = []
         st.t_start = perf_counter_ns()
-        # The hook's args are the step's own, the optimizer first: step(self, closure=None).
-        closure = args[1] if len(args) > 1 else kwargs.get("closure")
-        if callable(closure):
-            return _with_closure(st, closure, args, kwargs)
+        if len(args) > 1 or kwargs:
+            # The hook's args are the step's own, the optimizer first: step(self, closure=None).
+            closure = args[1] if len(args) > 1 else kwargs.get("closure")
+            if callable(closure):
+                return _with_closure(st, closure, args, kwargs)
     except Exception as exc:
         health.error("optimizer", "could not start an optimizer.step record", exc)
     return None  # a value returned from a pre-hook replaces the step's arguments
@@ -170,21 +181,16 @@ def _post(optimizer, args, kwargs) -> None:
             st = _tls.running
         except AttributeError:
             return  # no pre hook ran on this thread: it ran before instrument()
-        if st.depth > 1:
-            st.depth -= 1
-            return
-        if not st.depth:
-            return  # its pre hook ran before instrument()
+        depth = st.depth
+        if depth != 1:
+            if depth:  # an inner step's end
+                st.depth = depth - 1
+            return  # else its pre hook ran before instrument()
         t_end = perf_counter_ns()
         st.depth = 0
         R.TLS.ctx = st.token
         seen = _seen.get(id(optimizer)) or _state(optimizer)
         count = seen.count = seen.count + 1
-        groups = optimizer.param_groups
-        if len(groups) != seen.groups:
-            # Parameters join an optimizer through add_param_group: counted again when the groups change.
-            seen.params = sum(p.numel() for g in groups for p in g["params"])
-            seen.groups = len(groups)
         t_start = st.t_start
         if st.closures:  # the optimizer's own work, after its closure (forward and backward) first returned
             t_start = st.closures[0][1]
@@ -193,25 +199,19 @@ def _post(optimizer, args, kwargs) -> None:
         on_step = closer[0]
         close = None if on_step is None else on_step(count == 1, t_start, t_end, in_backward, optimizer)
         # Flat values only, described on the drain thread: nothing here for the garbage collector to follow.
-        entry = (
-            _FINISHED,
-            type(optimizer).__name__,
-            st.inner,
-            count,
-            in_backward,
-            seen.groups,
-            seen.params,
-            t_start,
-            t_end,
-            st.user,
-            st.token,
-            st.step,
-            st.trace,
-            st.span,
-            st.parent,
-            close,
-        )
-        R.queue(entry if st.trace is None else entry + _hyper(groups))  # span attributes: traced steps only
+        trace = st.trace
+        if trace is None:  # an untraced step (see _pre): its duration only
+            R.queue((_TIMED, type(optimizer).__name__, t_start, t_end, close))
+        else:
+            groups = optimizer.param_groups
+            if len(groups) != seen.groups:
+                # Parameters join an optimizer through add_param_group: counted again when the groups change.
+                seen.params = sum(p.numel() for g in groups for p in g["params"])
+                seen.groups = len(groups)
+            R.queue((
+                _FINISHED, type(optimizer).__name__, t_start, t_end, close, st.inner, count, in_backward, seen.groups,
+                seen.params, st.user, st.token, st.step, trace, st.span, st.parent,
+            ) + _hyper(groups))  # fmt: skip
         st.frame = st.optimizer = st.user = st.step = None
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)

@@ -20,6 +20,7 @@ _INF = float("inf")
 
 BOUNDS = n.DURATION_BUCKETS
 _bisect_left = bisect.bisect_left
+_bisect_right = bisect.bisect_right
 
 
 @dataclass(slots=True)
@@ -140,42 +141,80 @@ def health_metrics(drops: dict[str, int], errors: dict[str, int], base_labels: d
 
 
 class Histogram:
-    """A cumulative histogram of seconds over ``bounds`` (the ``histogram_buckets`` option)."""
+    """A cumulative histogram of seconds over ``bounds`` (the ``histogram_buckets`` option).
 
-    __slots__ = ("bounds", "count", "sum", "buckets", "low", "high", "tap")
+    A value is appended as it comes and folded into the buckets when the histogram is read or ``FOLD_AT``
+    values wait: sorted once, a batch of values finds its buckets with a bisection per bound, where a
+    bisection per value made each observation cost a step's close ~2 k instructions (a close observes two
+    histograms). Read and observe it holding the lock of its owner (FrameworkMetrics.lock)."""
+
+    FOLD_AT = 256
+    __slots__ = ("bounds", "tap", "waiting", "_count", "_sum", "_buckets", "_low", "_high")
 
     def __init__(self, bounds: tuple[float, ...] = BOUNDS) -> None:
         self.bounds = bounds
         self.tap: Callable[[float], None] | None = None  # also gets every value (export.otel_metrics)
-        self.count = 0
-        self.sum = 0.0
-        self.buckets = [0] * (len(bounds) + 1)
-        # The extremes so far, infinite before the first value (one comparison a value, not two: a step's
-        # close observes two histograms); min and max read None then.
-        self.low = _INF
-        self.high = -_INF
-
-    @property
-    def min(self) -> float | None:
-        return self.low if self.count else None
-
-    @property
-    def max(self) -> float | None:
-        return self.high if self.count else None
+        self.waiting: list[float] = []  # observed, not folded yet
+        self._count = 0
+        self._sum = 0.0
+        self._buckets = [0] * (len(bounds) + 1)
+        self._low = _INF  # the extremes so far, infinite before the first value; min and max read None then
+        self._high = -_INF
 
     def observe(self, value: float) -> None:
-        self.count += 1
-        self.sum += value
-        self.buckets[_bisect_left(self.bounds, value)] += 1
-        if value < self.low:
-            self.low = value
-        if value > self.high:
-            self.high = value
+        waiting = self.waiting
+        waiting.append(value)
+        if len(waiting) >= self.FOLD_AT:
+            self._fold()
         if self.tap is not None:
             self.tap(value)
 
+    def _fold(self) -> None:
+        values = self.waiting
+        if not values:
+            return
+        self.waiting = []
+        self._count += len(values)
+        self._sum += sum(values)  # in arrival order, before sorting
+        values.sort()
+        if values[0] < self._low:
+            self._low = values[0]
+        if values[-1] > self._high:
+            self._high = values[-1]
+        # Bucket i holds bounds[i-1] < v <= bounds[i] (bisect_left of v in bounds): the values up to each bound.
+        buckets, below = self._buckets, 0
+        for i, bound in enumerate(self.bounds):
+            upto = _bisect_right(values, bound, below)
+            buckets[i] += upto - below
+            below = upto
+        buckets[-1] += len(values) - below
+
+    @property
+    def count(self) -> int:
+        self._fold()
+        return self._count
+
+    @property
+    def sum(self) -> float:
+        self._fold()
+        return self._sum
+
+    @property
+    def buckets(self) -> list[int]:
+        self._fold()
+        return self._buckets
+
+    @property
+    def min(self) -> float | None:
+        return self._low if self.count else None
+
+    @property
+    def max(self) -> float | None:
+        return self._high if self.count else None
+
     def point(self, labels: dict[str, str]) -> HistogramPoint:
-        return HistogramPoint(labels, self.count, self.sum, list(self.buckets), self.bounds, self.min, self.max)
+        self._fold()
+        return HistogramPoint(labels, self._count, self._sum, list(self._buckets), self.bounds, self.min, self.max)
 
 
 class Cell:

@@ -14,11 +14,10 @@ from .framework_spans import build
 _durations: dict[str, tuple] = {}  # optimizer class -> (FrameworkMetrics, its bound duration histogram)
 
 
-@R.drained_as("optimizer_step")
-def finished(
-    pipeline, cls, inner, count, in_backward, ngroups, nparams, t_start, t_end, user, fw, step, trace, span, parent,
-    close, *hyper
-) -> None:
+@R.drained_as("optimizer_timed")
+def timed(pipeline, cls: str, t_start: int, t_end: int, close: tuple | None) -> None:
+    """An optimizer step of an untraced training step: its duration, then the close of the training step
+    it ended, if it did."""
     try:
         metrics = pipeline.framework
         bound = _durations.get(cls)
@@ -26,12 +25,24 @@ def finished(
             bound = _durations[cls] = (metrics, metrics.histogram(n.OPTIMIZER_STEP_DURATION, (cls,)))
         with metrics.lock:
             bound[1].observe((t_end - t_start) / 1e9)
-        if trace is not None:  # None: a step of an untraced training step (see _pre)
-            attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
-            snap, opened = (user, fw, step), (trace, span, parent)
-            build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
     finally:
-        if close is not None:  # the training step this optimizer step closed (drain/deferred.py)
+        if close is not None:  # the training step this optimizer step closed (drain/step_close.py)
+            R.DRAINED[close[0]](pipeline, *close[1:])
+
+
+@R.drained_as("optimizer_step")
+def finished(
+    pipeline, cls, t_start, t_end, close, inner, count, in_backward, ngroups, nparams, user, fw, step, trace, span,
+    parent, *hyper
+) -> None:
+    """An optimizer step of a traced training step: its duration and its span, then the close."""
+    try:
+        timed(pipeline, cls, t_start, t_end, None)
+        attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
+        snap, opened = (user, fw, step), (trace, span, parent)
+        build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
+    finally:
+        if close is not None:
             R.DRAINED[close[0]](pipeline, *close[1:])
 
 
