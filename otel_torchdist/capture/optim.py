@@ -127,8 +127,8 @@ def _pre(optimizer, args, kwargs) -> None:
         if user is None and fw is None and step is not None and not step[_SAMPLED]:
             # framework_spans.untraced's common case, in place: the optimizer.step span is never built, so it
             # gets no id (the collectives the step issues fall back to the training step as their parent).
-            trace = span = parent = None
             tls.ctx = _UNTRACED_CTX
+            st.trace = None
         else:
             if framework_spans.untraced(user, fw, step):
                 trace = span = parent = None
@@ -136,8 +136,11 @@ def _pre(optimizer, args, kwargs) -> None:
                 trace, span, parent = framework_spans.open_span((user, fw, step))
             base = fw or context.EMPTY
             tls.ctx = (base[0], base[1], "optimizer", trace, span, base[5])
-        st.frame, st.token, st.optimizer, st.inner, st.user, st.step = hook_frame, fw, optimizer, None, user, step
-        st.trace, st.span, st.parent = trace, span, parent
+            st.trace, st.span, st.parent, st.user, st.step = trace, span, parent, user, step  # read when traced
+        st.frame = hook_frame
+        st.token = fw
+        st.optimizer = optimizer
+        st.inner = None
         if st.closures:
             st.closures = []
         st.t_start = perf_counter_ns()
@@ -202,6 +205,7 @@ def _post(optimizer, args, kwargs) -> None:
         trace = st.trace
         if trace is None:  # an untraced step (see _pre): its duration only
             R.queue((_TIMED, type(optimizer).__name__, t_start, t_end, close))
+            st.frame = st.optimizer = None
         else:
             groups = optimizer.param_groups
             if len(groups) != seen.groups:
@@ -212,7 +216,7 @@ def _post(optimizer, args, kwargs) -> None:
                 _FINISHED, type(optimizer).__name__, t_start, t_end, close, st.inner, count, in_backward, seen.groups,
                 seen.params, st.user, st.token, st.step, trace, st.span, st.parent,
             ) + _hyper(groups))  # fmt: skip
-        st.frame = st.optimizer = st.user = st.step = None
+            st.frame = st.optimizer = st.user = st.step = None
     except Exception as exc:
         health.error("optimizer", "could not finish an optimizer.step record", exc)
 

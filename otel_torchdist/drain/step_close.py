@@ -39,7 +39,7 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
     if wait > duration:
         wait = duration
     compute = duration - wait
-    values = {} if user is None else {k: v for k, v in zip(USER_KEYS, user) if v is not None}
+    values = None if user is None else {k: v for k, v in zip(USER_KEYS, user) if v is not None}
     # The tail after the last optimizer step is no training step: traced for its collectives, not counted.
     # A step cut short by an exception is always traced: that is where this rank failed.
     if final and source == "optimizer" or error:
@@ -87,7 +87,7 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
             _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
 
 
-def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple, error) -> dict:
+def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict | None, backward: tuple, error) -> dict:
     """A closed step, for its spans and its slow-step warning (only those steps pay for the dict)."""
     return {
         "index": ctx[S.INDEX],
@@ -102,7 +102,7 @@ def _info(ctx: tuple, t0: int, t1: int, source: str, user: dict, backward: tuple
         "t_start": t0,
         "t_end": t1,
         "source": source,
-        "user": user,
+        "user": user or {},
         "backward": backward,
         "error": error,
     }
