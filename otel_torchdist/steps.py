@@ -94,14 +94,24 @@ class Occurrences:
     times, so each level lies inside the one below and a number's count is found by bisecting the levels.
     A loop counting up extends one interval; an epoch that restarts at 0 opens a level."""
 
-    __slots__ = ("levels", "hint")
+    __slots__ = ("levels", "hint", "top")
 
     def __init__(self) -> None:
         self.levels: list[list[list[int]]] = []
         self.hint = 0  # the level the previous number went to: the next one usually follows it there
+        self.top: list = [_INF, _INF]  # level 0's last interval (numbers begun, the highest in it); none yet
 
     def add(self, index: int) -> int:
         """Count one more beginning of step ``index``; returns how many there were before it."""
+        top = self.top
+        if index == top[1] + 1:  # one past every number begun: counting up, the common case
+            top[1] = index
+            return 0
+        k = self._add(index)
+        self.top = self.levels[0][-1]
+        return k
+
+    def _add(self, index: int) -> int:
         levels = self.levels
         k = self.hint
         if k < len(levels):
@@ -238,6 +248,9 @@ class StepTracker:
         self._settled = False
         self._last_other: Any = None  # weak reference
         self._others: dict[int, int] = {}
+        # The lead (weak reference) while it is settled and no other optimizer stepped since its last step:
+        # its next step closes the training step without _closes's call. None otherwise.
+        self._steady: Any = None
 
     # -------------------------------------------------------------------------------- lifecycle
     def attach(self, pipeline: Any, trace_key: str, rank: int, world: int) -> None:
@@ -399,12 +412,10 @@ class StepTracker:
         stepping each iteration, only one closes steps (see ``_closes``)."""
         if self.explicit or in_backward:  # optimizer-in-backward steps each parameter, not the loop
             return None
-        lead = self._lead
+        steady = self._steady
         # The settled lead stepping with no other optimizer since its last step (the common loop) closes the
         # step: _closes's answer, without its call, once per step.
-        if optimizer is not None and (
-            lead is None or lead() is not optimizer or not self._settled or self._last_other is not None or self._others
-        ):
+        if optimizer is not None and (steady is None or steady() is not optimizer):
             closes = self._closes(optimizer)
             if not closes:
                 return None
@@ -459,6 +470,11 @@ class StepTracker:
             R.queue(close)
 
     def _closes(self, optimizer: Any) -> Any:
+        closes = self._lead_closes(optimizer)
+        self._steady = self._lead if self._settled and self._last_other is None and not self._others else None
+        return closes
+
+    def _lead_closes(self, optimizer: Any) -> Any:
         """Whether this optimizer's step ends the training step: the *lead*'s does, so that a GAN's two
         optimizers (or parameter groups split over two) do not count each iteration twice. The first
         optimizer to step leads until it steps again: if others stepped in between, the iteration ends with

@@ -644,6 +644,23 @@ def test_occurrences_count_repeats_in_intervals():
     assert occ.levels == [[[0, 5], [7, 9]], [[0, 3]], [[1, 2]]]
 
 
+def test_occurrences_equal_a_count_of_every_number_begun():
+    # Counting up (the fast path), epochs numbered alike, jumps, numbers below zero, in random runs.
+    import random
+    from collections import Counter
+
+    from otel_torchdist.steps import Occurrences
+
+    rng = random.Random(11)
+    for _ in range(200):
+        occ, seen, index = Occurrences(), Counter(), rng.randrange(-5, 5)
+        for _ in range(rng.randrange(1, 120)):
+            move = rng.random()
+            index = index + 1 if move < 0.7 else rng.randrange(-10, 40) if move < 0.9 else index
+            assert occ.add(index) == seen[index], (index, seen)
+            seen[index] += 1
+
+
 def test_no_two_steps_share_ids_however_they_are_numbered(tmp_path_factory):
     from otel_torchdist.analysis import analyze_path
 
