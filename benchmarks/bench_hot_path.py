@@ -15,7 +15,9 @@ drain's CPU time (or its GIL holding, which a fake collective rate of 300 000/s 
 dominant cost) mixed in. That pause does what the background threads do in 200 ms: drains the records
 (metrics, span building and encoding) and sends the queued spans once a batch (512) is full. The round
 ends with a flush of everything left (spans, a metric export): the pauses' time and the flush's is the
-deferred cost per collective. Metrics are thus exported once in 20 000 collectives, every 2 s at 10 000
+deferred cost per collective. The default-sampling rounds first run the steps that sampling traces in
+full (``trace_first_steps``), untimed, so that their figure is a long training's: one step in
+``trace_every_steps`` traced. Metrics are thus exported once in 20 000 collectives, every 2 s at 10 000
 collectives/s (the default interval is 60 s); until 2026-11-25 every pause exported them, ten times as
 often, which over OTLP/HTTP was 40 % of the default sampling's deferred cost.
 
@@ -185,6 +187,12 @@ def main(argv: list[str] | None = None) -> int:
             )
             pipeline = runtime.current().pipeline
             pause = lambda: _on_other_thread(lambda: _background(pipeline))  # noqa: E731
+            if step_every:
+                # Past the first steps the default sampling traces in full, untimed: a training of thousands
+                # of steps pays for them once, where a round of 1 000 steps would count them as 1 % more of
+                # its collectives traced (through an SDK provider, 3-4 us a collective more).
+                _loop(step_every * pipeline.cfg.trace_first_steps, args.chunk, t, step_every=step_every)
+                runtime.current().flush(600)
             cpu0 = time.process_time_ns()
             on_thread, drained = _loop(args.calls, args.chunk, t, pause, step_every, clock, hot_chunks[variant])
             hot[variant].append(on_thread)
