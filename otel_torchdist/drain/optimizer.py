@@ -35,15 +35,14 @@ def finished(
     pipeline, cls, t_start, t_end, close, inner, count, in_backward, ngroups, nparams, user, fw, step, trace, span,
     parent, *hyper
 ) -> None:
-    """An optimizer step of a traced training step: its duration and its span, then the close."""
+    """An optimizer step of a traced training step: its span, then what ``timed`` does (its duration, the
+    close), whatever the span's building did."""
     try:
-        timed(pipeline, cls, t_start, t_end, None)
         attrs = functools.partial(describe, cls, inner, count, in_backward, ngroups, nparams, hyper)
         snap, opened = (user, fw, step), (trace, span, parent)
         build(pipeline, n.SPAN_OPTIMIZER_STEP, t_start, t_end, attrs, snap, opened, None, None, None)
     finally:
-        if close is not None:
-            R.DRAINED[close[0]](pipeline, *close[1:])
+        timed(pipeline, cls, t_start, t_end, close)
 
 
 def describe(
