@@ -20,6 +20,9 @@ processes, and prints one line per check and a JSON report:
    buckets when built: ``otel-torchdist build-native`` first), the library through its Python comm hook
    (``native="off"``) and the library without its DDP capture, three rounds; with yappi installed, a
    per-thread profile of each instrumented variant next to the report. Reported, not judged.
+7. **One NCCL collective's cost** (unless ``--no-breakdown``): ``benchmarks/gpu_collective_cost.py``, one
+   round: plain, an empty Python completion hook, the library without its completion hook
+   (``disabled_captures=("nccl_completion",)``'s path) and the library. Reported, not judged.
 
 A failed check prints FAIL and the script exits 1. The last run's figures are in docs/performance.md (the
 GPU row) and benchmarks/results/ (the newest *-gpu-check.md).
@@ -322,7 +325,7 @@ def _run(fn, world: int, folder: str) -> tuple[str, object]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.path.join(os.path.dirname(__file__), "results", "gpu-check.json"))
-    parser.add_argument("--no-breakdown", action="store_true", help="skip check 6 (benchmarks/gpu_ddp_overhead.py)")
+    parser.add_argument("--no-breakdown", action="store_true", help="skip checks 6 and 7 (gpu_ddp_overhead.py, gpu_collective_cost.py)")
     args = parser.parse_args(argv)
     if not torch.cuda.is_available():
         print("gpu_check: SKIPPED: no CUDA GPU here (torch.cuda.is_available() is False); nothing was measured")
@@ -362,6 +365,12 @@ def main(argv: list[str] | None = None) -> int:
             print("     (pip install yappi for a per-thread profile of the instrumented DDP steps)")
         print("     DDP step overhead, by part:", flush=True)
         subprocess.run(command, timeout=600)
+        # 7: one NCCL collective's cost, with and without the completion hook: reported, not judged
+        print("     an NCCL collective's cost, by part:", flush=True)
+        command = [sys.executable, os.path.join(here, "gpu_collective_cost.py"), "--rounds", "1", "--calls", "10000",
+                   "--variants", "plain,plain_hook,instrumented_no_hook,instrumented",
+                   "--out", os.path.join(out_dir, "gpu-collective-cost.json")]  # fmt: skip
+        subprocess.run(command, timeout=300)
     print(f"gpu_check: report in {args.out}")
     return 1 if failed else 0
 

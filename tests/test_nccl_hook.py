@@ -16,6 +16,7 @@ from types import SimpleNamespace
 
 import pytest
 
+import otel_torchdist
 from otel_torchdist import health
 from otel_torchdist import names as n
 from otel_torchdist.capture import groups, nccl
@@ -238,3 +239,24 @@ def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, att
 def test_instrument_after_the_group_exists_meets_it_at_once(gloo_alone, instrumented, attach_seen):
     instrumented()
     assert attach_seen == [(gloo_alone, 0)]
+
+
+def test_nccl_completion_disabled_leaves_groups_enqueue_timed(group, instrumented):
+    """disabled_captures=("nccl_completion",): no timing switched on, no hook; the records end at enqueue.
+    instrument() without it hooks the next group again."""
+    pg, gi = group
+    instrumented(run_id="no-nccl-hook", disabled_captures=("nccl_completion",))
+    nccl.attach(gi)
+    assert pg.hook is None and not pg.timing
+    assert gi.completion == groups.COMPLETION_ENQUEUE
+    rec = _issue(pg, gi)  # as the wrapper does: an enqueue-timed group's record is not filed for the hook
+    pg.finish(rec[R.SEQ])
+    assert not gi.pending and pg.aborted is None
+    otel_torchdist.uninstrument()
+    instrumented(run_id="nccl-hook-again")
+    fresh = NcclLikeGroup()  # one that ran nothing yet (a group that did is never hooked)
+    again = groups.GroupInfo(fresh)
+    again.backend, again.gid = "nccl", gi.gid
+    nccl.attach(again)
+    assert fresh.timing and fresh.hook is not None
+    assert again.completion == groups.COMPLETION_NCCL_HOOK

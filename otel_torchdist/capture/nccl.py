@@ -41,10 +41,18 @@ _log = logging.getLogger(__name__)
 
 # process group -> [GroupInfo or None]: the slot the group's one hook reads
 _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+# disabled_captures=("nccl_completion",): groups are left enqueue-timed (the hook costs each collective
+# tens of microseconds of the training thread: benchmarks/gpu_collective_cost.py)
+_ENABLED = [True]
+
+
+def enable(on: bool) -> None:
+    """Whether groups met from now on get the completion hook."""
+    _ENABLED[0] = on
 
 
 def attach(gi: groups.GroupInfo) -> None:
-    if "nccl" not in gi.backend:
+    if "nccl" not in gi.backend or not _ENABLED[0]:
         return
     pg = gi.pg
     slot = _hooked.get(pg)

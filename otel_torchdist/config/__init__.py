@@ -229,12 +229,16 @@ class Config:
     """Framework captures to leave out, by name: ``ddp`` (DDP's gradient buckets, its construction span and
     statistics), ``fsdp``, ``funcol`` (functional collectives: DTensor's and tensor parallel's), ``functions``
     (custom autograd functions' modules), ``dtensor``, ``checkpoint`` (distributed checkpoint), ``backward``
-    (backward-pass phase spans), ``dataloader``. What only that capture sees is lost: DDP's buckets, which its
-    reducer issues in C++, and functional collectives go unrecorded; FSDP's collectives (``torch.distributed``
-    calls) are still recorded without their unit, DTensor's (functional collectives) without their sharding
-    span. For a capture that costs a job more than its telemetry is worth (on NCCL, the DDP capture's comm
-    hook slows steps of about a millisecond: docs/performance.md). Env: ``OTEL_TORCHDIST_DISABLED_CAPTURES``,
-    comma-separated."""
+    (backward-pass phase spans), ``dataloader``, ``nccl_completion`` (ProcessGroupNCCL's completion hook,
+    which gives NCCL records their GPU-true end and CUDA-event duration). What only that capture sees is
+    lost: DDP's buckets, which its reducer issues in C++, and functional collectives go unrecorded; FSDP's
+    collectives (``torch.distributed`` calls) are still recorded without their unit, DTensor's (functional
+    collectives) without their sharding span; without ``nccl_completion`` NCCL records end at enqueue
+    (``end_source="enqueue"``: the launch's duration, no bandwidth). For a capture that costs a job more
+    than its telemetry is worth: on NCCL, the DDP capture's comm hook without the native part slows steps of
+    about a millisecond, and the completion hook costs each NCCL collective about 45 µs of the training
+    thread on an H200's host, 3 µs without it (docs/performance.md). Env:
+    ``OTEL_TORCHDIST_DISABLED_CAPTURES``, comma-separated."""
 
     log_level: str = "WARNING"
     """Level of otel-torchdist's own log lines (prefixed ``[otel-torchdist rank=R]``). Env:

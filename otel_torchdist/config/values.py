@@ -35,7 +35,7 @@ AGGREGATIONS = ("rank", "node")
 NATIVE_MODES = ("auto", "off", "build")
 # The framework captures a program may leave out (runtime._framework_captures names them alike). Not the
 # torch.distributed calls, nor the optimizer, whose steps close training steps.
-CAPTURES = ("ddp", "fsdp", "funcol", "functions", "dtensor", "checkpoint", "backward", "dataloader")
+CAPTURES = ("ddp", "fsdp", "funcol", "functions", "dtensor", "checkpoint", "backward", "dataloader", "nccl_completion")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 
 
