@@ -22,7 +22,8 @@ processes, and prints one line per check and a JSON report:
    per-thread profile of each instrumented variant next to the report. Reported, not judged.
 7. **One NCCL collective's cost** (unless ``--no-breakdown``): ``benchmarks/gpu_collective_cost.py``, one
    round: plain, an empty Python completion hook, the library without its completion hook
-   (``disabled_captures=("nccl_completion",)``'s path) and the library. Reported, not judged.
+   (``disabled_captures=("nccl_completion",)``), the library, and the library with its hook in C++
+   (``nccl_hook="native"``). Reported, not judged.
 
 A failed check prints FAIL and the script exits 1. The last run's figures are in docs/performance.md (the
 GPU row) and benchmarks/results/ (the newest *-gpu-check.md).
@@ -368,7 +369,7 @@ def main(argv: list[str] | None = None) -> int:
         # 7: one NCCL collective's cost, with and without the completion hook: reported, not judged
         print("     an NCCL collective's cost, by part:", flush=True)
         command = [sys.executable, os.path.join(here, "gpu_collective_cost.py"), "--rounds", "1", "--calls", "10000",
-                   "--variants", "plain,plain_hook,instrumented_no_hook,instrumented",
+                   "--variants", "plain,plain_hook,instrumented_no_hook,instrumented,instrumented_native_hook",
                    "--out", os.path.join(out_dir, "gpu-collective-cost.json")]  # fmt: skip
         subprocess.run(command, timeout=300)
     print(f"gpu_check: report in {args.out}")

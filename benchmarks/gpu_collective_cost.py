@@ -13,6 +13,8 @@ World size 1, one process per variant and round, the variants interleaved round 
   hook (records enqueue-timed).
 - ``instrumented``: ``instrument()`` before the process group, as the docs ask: the NCCL completion hook
   attached.
+- ``instrumented_native_hook``: the same with ``nccl_hook="native"``: the completion hook in the native
+  part's C++, no Python on torch's hook thread (``otel-torchdist build-native`` first).
 
 Instrumented variants run the default sampling with a training step marked every 20 calls, as
 ``bench_hot_path.py`` marks them. Each process warms up, then times ``--calls`` all_reduces of 1024 floats
@@ -40,7 +42,7 @@ import torch.distributed as dist
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from gpu_check import _init, _run  # noqa: E402
 
-VARIANTS = ("plain", "plain_timing", "plain_hook", "instrumented_no_hook", "instrumented")
+VARIANTS = ("plain", "plain_timing", "plain_hook", "instrumented_no_hook", "instrumented", "instrumented_native_hook")
 STEP = 20
 WARMUP = 2000
 
@@ -65,7 +67,8 @@ def _variant(rank: int, port: int, folder: str, queue) -> None:
     instrumented = variant.startswith("instrumented")
     if instrumented:
         off = ("nccl_completion",) if variant == "instrumented_no_hook" else ()
-        otel_torchdist.instrument(run_dir=folder, run_id="collective-cost", summary="none", disabled_captures=off)
+        hook = "native" if variant == "instrumented_native_hook" else "python"
+        otel_torchdist.instrument(run_dir=folder, run_id="collective-cost", summary="none", disabled_captures=off, nccl_hook=hook)
     _init("nccl", 0, 1, port)
     if variant in ("plain_timing", "plain_hook"):
         pg = dist.distributed_c10d._get_default_group()

@@ -367,7 +367,7 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
     from .scenarios_training import _mlp
 
-    _instrument(out, rank, run_id="nccl-ddp", native="build")
+    _instrument(out, rank, run_id="nccl-ddp", native="build", nccl_hook=args.get("nccl_hook", "python"))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=ws)
     plain = _mlp().cuda()
@@ -391,7 +391,8 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
 def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """A big all_reduce on NCCL, timed by the completion hook (GPU machines only)."""
-    _instrument(out, rank, run_id="nccl")
+    hook = args.get("nccl_hook", "python")
+    _instrument(out, rank, run_id="nccl", nccl_hook=hook, native="build" if hook == "native" else "auto")
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=ws)
     t = torch.ones(64 << 20, device="cuda")  # 256 MiB of float32
@@ -402,6 +403,9 @@ def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     torch.cuda.synchronize()
     import otel_torchdist
 
+    from otel_torchdist.capture import nccl
+
+    native_hooks = sum(1 for slot in nccl._hooked.values() if slot[1] is not None)
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
-    return {}
+    return {"native_hooks": native_hooks}

@@ -17,9 +17,14 @@ pytestmark = [
 ]
 
 
-def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path):
+@pytest.mark.parametrize("hook", ["python", "native"])
+def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path, hook, request):
+    """The hook in Python, and in C++ (``nccl_hook="native"``: no Python on torch's hook thread)."""
+    if hook == "native":
+        request.getfixturevalue("native_built")
     out = str(tmp_path / "job")
-    run_ranks("nccl_timing", 1, out)
+    (result,) = run_ranks("nccl_timing", 1, out, {"nccl_hook": hook})
+    assert result["native_hooks"] == (1 if hook == "native" else 0)
     spans = collective_spans(read_spans(os.path.join(out, "runs", "nccl", "traces.rank0.jsonl")))
     big = [s for s in spans if s["attributes"][n.COLL_MESSAGE_SIZE] == 256 << 20]
     assert big, spans
@@ -33,10 +38,12 @@ def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path):
         assert 0 < s["attributes"][n.COLL_DURATION] < wall
 
 
-def test_ddp_on_nccl_is_recorded_by_the_native_group_and_gpu_timed(tmp_path, native_built):
-    """No comm hook (DDP keeps its own bucket path and numbers), each bucket ended by the completion hook."""
+@pytest.mark.parametrize("hook", ["python", "native"])
+def test_ddp_on_nccl_is_recorded_by_the_native_group_and_gpu_timed(tmp_path, native_built, hook):
+    """No comm hook (DDP keeps its own bucket path and numbers), each bucket ended by the completion hook
+    (in C++ too: ``nccl_hook="native"`` ends the native group's entries without Python)."""
     out = str(tmp_path / "job")
-    (result,) = run_ranks("nccl_ddp", 1, out, {"steps": 5})
+    (result,) = run_ranks("nccl_ddp", 1, out, {"steps": 5, "nccl_hook": hook})
     assert result["attached"] and not result["comm_hook"]
     assert result["same"]  # the parameters trained through DDP are those trained without it, bit for bit
     spans = read_spans(os.path.join(out, "runs", "nccl-ddp", "traces.rank0.jsonl"))

@@ -39,16 +39,42 @@ from .record import complete
 _log = logging.getLogger(__name__)
 
 
-# process group -> [GroupInfo or None]: the slot the group's one hook reads
+# process group -> [GroupInfo or None, (native module, hook id) or None]: the slot the group's one hook
+# reads (a C++ hook reads its copy of the group id, kept in step by _point)
 _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # disabled_captures=("nccl_completion",): groups are left enqueue-timed (the hook costs each collective
 # tens of microseconds of the training thread: benchmarks/gpu_collective_cost.py)
 _ENABLED = [True]
+# nccl_hook="native": the hook in C++ (native/timed_group.cpp), which runs no Python on torch's hook thread
+_NATIVE = [False]
+# the native module while any group's hook is in C++: the drain takes their completions (take_completions)
+_native_hooks: list[Any] = [None]
 
 
-def enable(on: bool) -> None:
-    """Whether groups met from now on get the completion hook."""
+def enable(on: bool, native: bool = False) -> None:
+    """Whether groups met from now on get the completion hook, and in C++ (``native``) or Python."""
     _ENABLED[0] = on
+    _NATIVE[0] = native
+
+
+def _point(slot: list, gi: groups.GroupInfo | None) -> None:
+    slot[0] = gi
+    if slot[1] is not None:
+        mod, hook = slot[1]
+        mod.set_hook_group(hook, gi.gid if gi is not None else -1)
+
+
+def _native_module() -> Any:
+    from .. import native
+
+    try:
+        mod = native.load()
+    except Exception as exc:
+        health.error("completion", "the native part could not be loaded for the NCCL completion hook", exc)
+        mod = None
+    if mod is None:
+        health.warn_once("nccl-hook-native", "nccl_hook=native needs the native part (otel-torchdist build-native); the NCCL completion hook runs in Python")
+    return mod
 
 
 def attach(gi: groups.GroupInfo) -> None:
@@ -57,7 +83,7 @@ def attach(gi: groups.GroupInfo) -> None:
     pg = gi.pg
     slot = _hooked.get(pg)
     if slot is not None:
-        slot[0] = gi
+        _point(slot, gi)
         gi.completion = groups.COMPLETION_NCCL_HOOK
         return
     register = getattr(pg, "_register_on_completion_hook", None)
@@ -74,10 +100,19 @@ def attach(gi: groups.GroupInfo) -> None:
             gi.label,
         )
         return
-    slot = [gi]
+    slot: list = [gi, None]
+    mod = _native_module() if _NATIVE[0] else None
     try:
         enable()
-        register(lambda info, slot=slot: _on_complete(slot[0], info))
+        if mod is not None:
+            try:
+                slot[1] = (mod, mod.hook_group(pg, gi.gid))
+                _native_hooks[0] = mod
+            except Exception as exc:  # torch registered nothing: the Python hook instead
+                health.warn_once("nccl-hook-native-failed", "the NCCL completion hook could not run in C++ (%s); it runs in Python", exc)
+                register(lambda info, slot=slot: _on_complete(slot[0], info))
+        else:
+            register(lambda info, slot=slot: _on_complete(slot[0], info))
     except Exception as exc:
         health.warn_once(
             "nccl-hook-" + gi.name,
@@ -126,24 +161,42 @@ def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
         active = getattr(info, "active_duration", None)
         gpu_ns = int(active.total_seconds() * 1e9) if active is not None else None
         t_end = _to_perf_ns(getattr(info, "time_finished", None))
-        seq = int(info.seq)
-        with gi.lock:
-            rec = gi.pending.pop(seq, None)
-            if rec is None:
-                native = ddp_native.module()
-                # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it
-                # for an entry about to be numbered, and it is filed here too for a Python record about to
-                # be: whichever comes takes it, and the other copy is never matched (numbers are not reused).
-                if native is not None and native.report(gi.gid, seq, t_end, gpu_ns if gpu_ns is not None else -1):
-                    return
-                # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report
-                if len(gi.early) >= _EARLY_KEPT:
-                    del gi.early[next(iter(gi.early))]
-                gi.early[seq] = (gpu_ns, t_end)
-                return
-        _completed(rec, gpu_ns, t_end)
+        _join(gi, int(info.seq), gpu_ns, t_end, ddp_native.module())
     except Exception as exc:
         health.error("completion", "could not complete an NCCL record from the completion hook", exc)
+
+
+def _join(gi: groups.GroupInfo, seq: int, gpu_ns: int | None, t_end: int, native: Any) -> None:
+    """Work ``seq`` of ``gi`` completed: end its record, or keep the report for the record about to be filed.
+    ``native``: the module whose DDP entries may be waiting for it (None: the C++ hook asked it already)."""
+    with gi.lock:
+        rec = gi.pending.pop(seq, None)
+        if rec is None:
+            # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it
+            # for an entry about to be numbered, and it is filed here too for a Python record about to
+            # be: whichever comes takes it, and the other copy is never matched (numbers are not reused).
+            if native is not None and native.report(gi.gid, seq, t_end, gpu_ns if gpu_ns is not None else -1):
+                return
+            # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report
+            if len(gi.early) >= _EARLY_KEPT:
+                del gi.early[next(iter(gi.early))]
+            gi.early[seq] = (gpu_ns, t_end)
+            return
+    _completed(rec, gpu_ns, t_end)
+
+
+def take_completions() -> None:
+    """Join what the C++ hooks reported since the last call with its records (the drain, each round)."""
+    mod = _native_hooks[0]
+    if mod is None:
+        return
+    items, dropped = mod.take_completions()
+    if dropped:
+        health.error("completion", f"{dropped} NCCL completions were not kept (the drain fell behind): their records end unfinished")
+    by_id = groups.BY_ID
+    for gid, seq, t_end, gpu_ns in items:
+        if 0 <= gid < len(by_id):
+            _join(by_id[gid], seq, gpu_ns if gpu_ns >= 0 else None, t_end, None)
 
 
 def _completed(rec: list, gpu_ns: int | None, t_end: int) -> None:
@@ -153,6 +206,7 @@ def _completed(rec: list, gpu_ns: int | None, t_end: int) -> None:
 
 
 def _waiting() -> bool:
+    take_completions()
     if any(gi.pending for gi in groups.all_groups()):
         return True
     native = ddp_native.module()
@@ -173,7 +227,7 @@ def flush_pending(timeout: float) -> None:
         for rec in recs:
             complete(rec, n.END_UNFINISHED)
     for slot in list(_hooked.values()):
-        slot[0] = None
+        _point(slot, None)
 
 
 groups.register_completion_attacher(attach)

@@ -42,6 +42,7 @@ from .values import (
     METRICS_EXPORTERS,
     MIN_INTERVAL_S,
     NATIVE_MODES,
+    NCCL_HOOKS,
     PREFIX,
     PROTOCOLS,
     SAMPLERS,
@@ -224,6 +225,14 @@ class Config:
     captured through its comm hook and every call, record and span handled in Python. ``build``: compile it
     at ``instrument()`` when missing (about a minute; needs a C++ compiler and ninja). ``off``: the comm
     hook and Python always. Env: ``OTEL_TORCHDIST_NATIVE``."""
+
+    nccl_hook: str = "python"
+    """Where ProcessGroupNCCL's completion hook (NCCL records' GPU-true end and duration) runs. ``python``: a
+    Python function, which torch's hook thread must take the GIL for, for every collective (about 45 µs of
+    the training thread a collective on an H200's host). ``native``: in the native part's C++, no Python on
+    that thread; the drain joins its reports with their records. It needs the native part built (else the
+    Python hook, with a warning); it has passed this project's CPU tests and not yet a GPU run, so it is not
+    the default yet. Env: ``OTEL_TORCHDIST_NCCL_HOOK``."""
 
     disabled_captures: tuple[str, ...] = ()
     """Framework captures to leave out, by name: ``ddp`` (DDP's gradient buckets, its construction span and
@@ -408,6 +417,7 @@ class Config:
         values.number("slow_step_factor", self.slow_step_factor, 0.0, None)
         values.choice("compile_capture", self.compile_capture, ("off", "sampled"))
         values.choice("native", self.native, NATIVE_MODES)
+        values.choice("nccl_hook", self.nccl_hook, NCCL_HOOKS)
         if isinstance(self.disabled_captures, str):
             self.disabled_captures = split_list(self.disabled_captures)
         if not isinstance(self.disabled_captures, (tuple, list)):

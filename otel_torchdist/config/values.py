@@ -33,6 +33,7 @@ SAMPLERS = (
 SUMMARY_MODES = ("rank0", "all", "none")
 AGGREGATIONS = ("rank", "node")
 NATIVE_MODES = ("auto", "off", "build")
+NCCL_HOOKS = ("python", "native")
 # The framework captures a program may leave out (runtime._framework_captures names them alike). Not the
 # torch.distributed calls, nor the optimizer, whose steps close training steps.
 CAPTURES = ("ddp", "fsdp", "funcol", "functions", "dtensor", "checkpoint", "backward", "dataloader", "nccl_completion")

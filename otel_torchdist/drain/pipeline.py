@@ -22,7 +22,7 @@ from typing import Any
 from .. import bandwidth as bw
 from .. import health
 from .. import names as n
-from ..capture import caller, ddp_native, groups
+from ..capture import caller, ddp_native, groups, nccl
 from ..capture import record as R
 from ..capture import step_context as S
 from ..capture.context import PARENT_SPAN as _PARENT_SPAN
@@ -162,6 +162,10 @@ class Pipeline:
                 # A step's close (deferred) must see the records of that step: the closes queued before the
                 # records are taken, and only those, run after them (a close queued meanwhile waits for the
                 # next round, with the records queued before it).
+                try:  # the C++ completion hook's reports, joined with their records (queued by this)
+                    nccl.take_completions()
+                except Exception as exc:
+                    health.error("completion", "could not take the NCCL completion hook's reports", exc)
                 closes = len(deferred)
                 count += self._process_all(q)
                 if ddp_native.active():

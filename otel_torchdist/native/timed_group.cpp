@@ -17,8 +17,12 @@
 
 #include <time.h>
 
+#include <array>
 #include <atomic>
+#include <chrono>
+#include <cmath>
 #include <cstdint>
+#include <type_traits>
 #include <deque>
 #include <map>
 #include <mutex>
@@ -45,7 +49,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 8;
+constexpr int kVersion = 9;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -168,6 +172,140 @@ int64_t waiting() {
   auto& l = log();
   std::lock_guard<std::mutex> g(l.mu);
   return int64_t(l.by_seq.size());
+}
+
+// ------------------------------------------------------------------ the NCCL completion hook, in C++
+// ProcessGroupNCCL calls its completion hook from its hook thread for every collective. A Python hook makes
+// that thread take the GIL (and a new Python thread state) each time, which the training thread pays for:
+// about 45 us a collective on an H200's host (benchmarks/results/2026-11-27-gpu-collective-cost.md). This
+// one runs no Python: it ends a DDP entry of this file (report()) or files the completion for nccl.py,
+// which joins it with its Python record when the drain takes them (take_completions()). torch takes one
+// hook per group for the group's life: each hook reads its slot, the group id of the current
+// instrumentation (-1: none, the completion is dropped), which Python sets (set_hook_group()).
+struct Completions {
+  std::mutex mu;
+  std::vector<std::array<int64_t, 4>> items;  // (gid, seq, t1, gpu_ns), in the order reported
+  int64_t dropped = 0;
+  std::deque<std::atomic<int64_t>> slots;  // hook id -> group id; a deque keeps each slot where it is
+};
+
+constexpr size_t kCompletionsKept = 65536;
+
+Completions& completions() {
+  static Completions* instance = new Completions();  // never destroyed: the hook thread may run at exit
+  return *instance;
+}
+
+// A WorkInfo time on the records' clock (CLOCK_MONOTONIC, which libstdc++'s steady_clock reads); a
+// system_clock time (older torch) moved by the two clocks' difference now.
+template <typename TimePoint>
+int64_t on_records_clock(const TimePoint& t) {
+  using Clock = typename TimePoint::clock;
+  auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
+  if (since <= 0) return now_ns();  // not stamped
+  if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
+    return int64_t(since);
+  } else {
+    auto ago = std::chrono::duration_cast<std::chrono::nanoseconds>(Clock::now() - t).count();
+    return now_ns() - int64_t(ago);
+  }
+}
+
+void on_completion(const std::atomic<int64_t>& slot, const c10d::WorkInfo& info) noexcept {
+  int64_t gid = slot.load(std::memory_order_acquire);
+  if (gid < 0) return;  // uninstrumented: the hook stays with the group
+  auto op = info.opType;
+  // A send/recv's number is its group's last collective's: never join those
+  if (op == c10d::OpType::SEND || op == c10d::OpType::RECV || op == c10d::OpType::RECVANYSOURCE) return;
+  try {
+    int64_t seq = int64_t(info.seq);
+    int64_t t1 = on_records_clock(info.timeFinished);
+    double seconds = std::chrono::duration<double>(info.activeDuration).count();
+    int64_t gpu_ns = seconds >= 0 ? int64_t(std::llround(seconds * 1e9)) : -1;  // a float's seconds: to the nearest ns
+    if (report(gid, seq, t1, gpu_ns)) return;  // a DDP entry of this file, ended
+    auto& c = completions();
+    std::lock_guard<std::mutex> g(c.mu);
+    if (c.items.size() < kCompletionsKept) {
+      c.items.push_back({gid, seq, t1, gpu_ns});
+    } else {
+      ++c.dropped;
+    }
+  } catch (...) {
+    // never into ProcessGroupNCCL's thread (an allocation that failed: this completion is not recorded)
+  }
+}
+
+// Registers the hook on `pg` (raises for a backend without one: only NCCL has it), reporting as group `gid`.
+// Returns the hook's id for set_hook_group().
+int64_t hook_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t gid) {
+  auto& c = completions();
+  std::atomic<int64_t>* slot;
+  int64_t id;
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    slot = &c.slots.emplace_back(-1);
+    id = int64_t(c.slots.size()) - 1;
+  }
+  pg->registerOnCompletionHook(std::function<void(std::shared_ptr<c10d::WorkInfo>)>(
+      [slot](std::shared_ptr<c10d::WorkInfo> info) {
+        if (info) on_completion(*slot, *info);
+      }));
+  slot->store(gid, std::memory_order_release);
+  return id;
+}
+
+void set_hook_group(int64_t id, int64_t gid) {
+  auto& c = completions();
+  std::lock_guard<std::mutex> g(c.mu);
+  if (id < 0 || id >= int64_t(c.slots.size())) throw py::value_error("set_hook_group: no such hook");
+  c.slots[size_t(id)].store(gid, std::memory_order_release);
+}
+
+// Test seam: what the hook does with a completion of (gid, seq) at t1 (tests/test_native_nccl_hook.py;
+// ProcessGroupNCCL cannot exist without a GPU).
+void complete_as_hook(int64_t hook, int64_t seq, int64_t t1_ns, double gpu_seconds, int op) {
+  auto& c = completions();
+  const std::atomic<int64_t>* slot;
+  {
+    std::lock_guard<std::mutex> g(c.mu);
+    if (hook < 0 || hook >= int64_t(c.slots.size())) throw py::value_error("complete_as_hook: no such hook");
+    slot = &c.slots[size_t(hook)];
+  }
+  // WorkInfo's clock is steady_clock in this project's torch, system_clock in older ones: built either way
+  using TimePoint = decltype(std::declval<c10d::WorkInfo>().timeFinished);
+  TimePoint t1{std::chrono::duration_cast<typename TimePoint::duration>(std::chrono::nanoseconds(t1_ns))};
+  c10d::WorkInfo info(static_cast<c10d::OpType>(op), uint64_t(seq), t1, t1,
+                      std::chrono::duration_cast<decltype(std::declval<c10d::WorkInfo>().activeDuration)>(
+                          std::chrono::duration<double>(gpu_seconds)));
+  on_completion(*slot, info);
+}
+
+// A hook slot for complete_as_hook(), reporting as group `gid` (no process group: the tests' stand-in).
+int64_t test_hook(int64_t gid) {
+  auto& c = completions();
+  std::lock_guard<std::mutex> g(c.mu);
+  c.slots.emplace_back(gid);
+  return int64_t(c.slots.size()) - 1;
+}
+
+// The completions filed since the last call, [(gid, seq, t1, gpu_ns)] (gpu_ns -1: not measured), and how
+// many were dropped (the table was full: the drain had not taken them for 65 536 collectives).
+py::tuple take_completions() {
+  std::vector<std::array<int64_t, 4>> items;
+  int64_t dropped;
+  {
+    auto& c = completions();
+    std::lock_guard<std::mutex> g(c.mu);
+    items.swap(c.items);
+    dropped = c.dropped;
+    c.dropped = 0;
+  }
+  py::list out(items.size());
+  for (size_t i = 0; i < items.size(); ++i) {
+    const auto& it = items[i];
+    out[i] = py::make_tuple(it[0], it[1], it[2], it[3]);
+  }
+  return py::make_tuple(out, dropped);
 }
 
 void drop_entry(uint64_t key) noexcept {
@@ -551,6 +689,14 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("report", &report, py::arg("gid"), py::arg("seq"), py::arg("t1"), py::arg("gpu_ns"),
         "The completion hook's report of a collective: ends its hooked entry (True), else is kept for it.");
   m.def("waiting", &waiting, "Hooked entries in flight that wait for their report.");
+  m.def("hook_group", &hook_group, py::arg("pg"), py::arg("gid"),
+        "Registers the C++ completion hook on an NCCL group (timing on first), reporting as gid: its id.");
+  m.def("set_hook_group", &set_hook_group, py::arg("hook"), py::arg("gid"),
+        "The group id a hook reports as from now on (-1: none, completions dropped).");
+  m.def("take_completions", &take_completions, "([(gid, seq, t1, gpu_ns)] the C++ hook filed, dropped).");
+  m.def("complete_as_hook", &complete_as_hook, py::arg("hook"), py::arg("seq"), py::arg("t1_ns"),
+        py::arg("gpu_seconds"), py::arg("op") = 1, "Tests: what the hook does with a completion.");
+  m.def("test_hook", &test_hook, py::arg("gid"), "Tests: a hook slot without a process group.");
   m.def("take_dropped", &take_dropped, "Entries dropped since the last call (the done list was full).");
   m.def("set_capacity", &set_capacity, "How many completed entries wait for take() before new ones are dropped.");
   m.def("now_ns", &now_ns, "The clock entries are stamped with (time.perf_counter_ns's).");

@@ -85,7 +85,7 @@ class Runtime:
         # (which a compiled call through our wrappers reaches), whatever instrument() cycles follow.
         import torch.distributed._functional_collectives  # noqa: F401
 
-        nccl.enable("nccl_completion" not in self.cfg.disabled_captures)
+        nccl.enable("nccl_completion" not in self.cfg.disabled_captures, self.cfg.nccl_hook == "native" and self.cfg.native != "off")
         groups.forget_destroyed()
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.

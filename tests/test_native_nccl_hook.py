@@ -1,0 +1,137 @@
+"""The NCCL completion hook in C++ (``nccl_hook="native"``, native/timed_group.cpp): torch's hook thread
+files each completion without Python, and the drain joins it with its record.
+
+ProcessGroupNCCL cannot exist without a GPU: the hook's body is driven through the native part's test seam
+(``complete_as_hook``: what the registered function does with a WorkInfo), with the stand-in group of
+tests/test_nccl_hook.py for the Python side, and the registration itself is checked against a real
+process group that refuses it (gloo, as every backend but NCCL does). The real thing is exercised by
+tests/test_gpu.py and benchmarks/gpu_collective_cost.py on a GPU machine.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from otel_torchdist import health
+from otel_torchdist import names as n
+from otel_torchdist import native
+from otel_torchdist.capture import groups, nccl
+from otel_torchdist.capture import record as R
+
+from .test_nccl_hook import NcclLikeGroup, _issue, _new
+
+SEND = 12  # c10d::OpType::SEND
+
+
+@pytest.fixture
+def hooked(native_built):
+    """A stand-in NCCL group whose completion hook is the C++ one (its slot made by the test seam)."""
+    mod = native.load()
+    pg = NcclLikeGroup()
+    gi = groups.GroupInfo(pg)
+    gi.backend, gi.completion, gi.gid = "nccl", groups.COMPLETION_NCCL_HOOK, len(groups.BY_ID)
+    groups.BY_ID.append(gi)
+    groups._groups[pg] = gi
+    hook = mod.test_hook(gi.gid)
+    nccl._hooked[pg] = [gi, (mod, hook)]
+    nccl._native_hooks[0] = mod
+    mod.take_completions()
+    R.QUEUE.clear()
+    health.reset()
+    yield mod, hook, pg, gi
+    mod.set_hook_group(hook, -1)
+    groups._groups.pop(pg, None)
+    gi.pending.clear()
+    gi.early.clear()
+    R.QUEUE.clear()
+
+
+def test_a_completion_ends_its_record_when_the_drain_takes_it(hooked):
+    mod, hook, pg, gi = hooked
+    rec = _issue(pg, gi)
+    mod.complete_as_hook(hook, rec[R.SEQ], 123_456_789, 80e-6)
+    assert not R.QUEUE  # filed in C++: nothing ran in Python
+    nccl.take_completions()
+    (done,) = R.QUEUE
+    assert done[R.SEQ] == rec[R.SEQ] and done[R.END] == n.END_NCCL_HOOK
+    assert done[R.T_END] == 123_456_789  # steady_clock is the records' clock (CLOCK_MONOTONIC)
+    assert done[R.GPU_NS] == 80_000
+    assert not gi.pending and not gi.early
+
+
+def test_a_completion_before_its_record_is_filed_waits_for_it(hooked):
+    mod, hook, pg, gi = hooked
+    rec = _new(pg, gi)
+    mod.complete_as_hook(hook, rec[R.SEQ], 1_000, 5e-6)
+    nccl.take_completions()
+    assert not R.QUEUE and rec[R.SEQ] in gi.early
+    nccl.expect(gi, rec)
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and rec[R.GPU_NS] == 5_000
+
+
+def test_a_send_is_never_joined(hooked):
+    mod, hook, pg, gi = hooked
+    rec = _issue(pg, gi)
+    mod.complete_as_hook(hook, rec[R.SEQ], 1_000, 5e-6, op=SEND)  # a send carries the last collective's number
+    nccl.take_completions()
+    assert not R.QUEUE and rec[R.SEQ] in gi.pending
+
+
+def test_uninstrumented_the_hook_files_nothing_and_a_later_instrument_points_it_anew(hooked):
+    mod, hook, pg, gi = hooked
+    nccl.flush_pending(0.0)  # uninstrument(): the hook stays with the group, pointing nowhere
+    mod.complete_as_hook(hook, pg.issue(), 1_000, 5e-6)
+    items, dropped = mod.take_completions()
+    assert items == [] and dropped == 0
+    again = groups.GroupInfo(pg)
+    again.backend, again.gid = "nccl", len(groups.BY_ID)
+    groups.BY_ID.append(again)
+    R.QUEUE.clear()
+    nccl.attach(again)  # the group's one hook, now reporting as the new group id
+    assert again.completion == groups.COMPLETION_NCCL_HOOK
+    rec = _issue(pg, again)
+    mod.complete_as_hook(hook, rec[R.SEQ], 2_000, 7e-6)
+    nccl.take_completions()
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and rec[R.GPU_NS] == 7_000
+
+
+def test_the_end_takes_the_last_completions_and_exports_the_rest_unfinished(hooked):
+    mod, hook, pg, gi = hooked
+    finished, hung = _issue(pg, gi), _issue(pg, gi)
+    mod.complete_as_hook(hook, finished[R.SEQ], 3_000, 1e-6)
+    nccl.flush_pending(0.0)
+    assert {r[R.SEQ]: r[R.END] for r in R.QUEUE} == {finished[R.SEQ]: n.END_NCCL_HOOK, hung[R.SEQ]: n.END_UNFINISHED}
+
+
+def test_the_drain_joins_them_each_round(hooked, instrumented):
+    mod, hook, pg, gi = hooked
+    instrumented(run_id="native-nccl-hook")
+    from otel_torchdist import runtime
+
+    rec = _issue(pg, gi)
+    mod.complete_as_hook(hook, rec[R.SEQ], rec[R.T_START] + 40_000, 30e-6)
+    runtime.current().pipeline.drain()
+    assert not gi.pending and rec[R.END] == n.END_NCCL_HOOK and not R.QUEUE  # joined, queued, processed
+
+
+def test_registering_on_a_group_without_the_hook_raises_and_attach_falls_back_to_python(native_built, gloo_alone):
+    import torch.distributed as dist
+
+    mod = native.load()
+    with pytest.raises(RuntimeError, match="(?i)completion hook|onCompletion"):
+        mod.hook_group(dist.group.WORLD, 0)  # torch's own refusal: the registration reached the backend
+    pg = NcclLikeGroup()  # not a ProcessGroup: the C++ hook cannot take it
+    gi = groups.GroupInfo(pg)
+    gi.backend, gi.gid = "nccl", len(groups.BY_ID)
+    groups.BY_ID.append(gi)
+    nccl.enable(True, native=True)
+    try:
+        nccl.attach(gi)
+    finally:
+        nccl.enable(True)
+    assert pg.hook is not None and pg.timing and gi.completion == groups.COMPLETION_NCCL_HOOK
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE if r[R.SEQ] == rec[R.SEQ]] == [n.END_NCCL_HOOK]
+    nccl.flush_pending(0.0)
+    R.QUEUE.clear()
