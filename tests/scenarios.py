@@ -384,9 +384,12 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     torch.cuda.synchronize()
     same = ws == 1 and all(torch.equal(a, b) for a, b in zip(model.module.parameters(), plain.parameters()))
     attached = ddp_native.is_attached(model)
+    from otel_torchdist.capture import nccl
+
+    native_hooks = sum(1 for slot in nccl._hooked.values() if slot[1] is not None)
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
-    return {"attached": attached, "comm_hook": hooked, "same": same}
+    return {"attached": attached, "comm_hook": hooked, "same": same, "native_hooks": native_hooks}
 
 
 def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

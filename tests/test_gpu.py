@@ -45,6 +45,7 @@ def test_ddp_on_nccl_is_recorded_by_the_native_group_and_gpu_timed(tmp_path, nat
     out = str(tmp_path / "job")
     (result,) = run_ranks("nccl_ddp", 1, out, {"steps": 5, "nccl_hook": hook})
     assert result["attached"] and not result["comm_hook"]
+    assert result["native_hooks"] == (1 if hook == "native" else 0)
     assert result["same"]  # the parameters trained through DDP are those trained without it, bit for bit
     spans = read_spans(os.path.join(out, "runs", "nccl-ddp", "traces.rank0.jsonl"))
     steps = {s["traceId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}

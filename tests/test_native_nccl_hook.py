@@ -40,6 +40,8 @@ def hooked(native_built):
     health.reset()
     yield mod, hook, pg, gi
     mod.set_hook_group(hook, -1)
+    nccl._hooked.pop(pg, None)
+    nccl._native_hooks[0] = None
     groups._groups.pop(pg, None)
     gi.pending.clear()
     gi.early.clear()
@@ -93,6 +95,54 @@ def test_uninstrumented_the_hook_files_nothing_and_a_later_instrument_points_it_
     mod.complete_as_hook(hook, rec[R.SEQ], 2_000, 7e-6)
     nccl.take_completions()
     assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and rec[R.GPU_NS] == 7_000
+
+
+def test_a_later_instrument_points_the_live_groups_hook_at_itself(hooked):
+    """The group outlives uninstrument() with its GroupInfo (and gid): instrument() again must point its
+    one hook back at it, or every record of the group would wait for an end that never comes."""
+    mod, hook, pg, gi = hooked
+    nccl.flush_pending(0.0)  # uninstrument()
+    nccl.enable(True, native=True)  # instrument() again: the same live group
+    try:
+        rec = _issue(pg, gi)
+        mod.complete_as_hook(hook, rec[R.SEQ], 2_000, 7e-6)
+        nccl.take_completions()
+        assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
+        R.QUEUE.clear()
+        nccl.flush_pending(0.0)
+        nccl.enable(False)  # and again with the hook disabled: enqueue-timed
+        assert gi.completion == groups.COMPLETION_ENQUEUE
+        mod.complete_as_hook(hook, pg.issue(), 3_000, 1e-6)
+        assert mod.take_completions() == ([], 0)
+    finally:
+        nccl.enable(True)
+
+
+def test_a_step_close_sees_the_records_completed_before_it_was_queued(hooked, instrumented):
+    """A completion the hook thread files while the drain takes the others (it needs no GIL) comes with
+    the closes queued after it: a close counted in a round runs after every record completed before it."""
+    from otel_torchdist import runtime
+
+    mod, hook, pg, gi = hooked
+    instrumented(run_id="native-nccl-hook-order")
+    late = _issue(pg, gi)
+    seen: list = []
+    close = R.reserve("test.native_nccl_hook.close")
+    R.DRAINED[close] = lambda pipeline: seen.append(late[R.SEQ] in gi.pending)
+    take = nccl.take_completions
+
+    def taking_while_the_hook_files():
+        take()
+        if not seen and late[R.SEQ] in gi.pending and not R.DEFERRED:
+            mod.complete_as_hook(hook, late[R.SEQ], late[R.T_START] + 1_000, 1e-6)  # the hook thread...
+            R.DEFERRED.append((close,))  # ...then the training thread closes the step
+
+    nccl.take_completions = taking_while_the_hook_files
+    try:
+        runtime.current().pipeline.drain()
+    finally:
+        nccl.take_completions = take
+    assert seen == [False]  # the close ran once, after the record's completion was joined
 
 
 def test_the_end_takes_the_last_completions_and_exports_the_rest_unfinished(hooked):

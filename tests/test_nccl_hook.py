@@ -84,6 +84,7 @@ def group():
     nccl.enable(True)  # the Python hook, whatever an earlier instrument() chose
     yield pg, gi
     groups._groups.pop(pg, None)
+    nccl._hooked.pop(pg, None)
     gi.pending.clear()  # a record left pending would be exported as unfinished by the next test's end
     gi.early.clear()
     R.QUEUE.clear()
@@ -240,6 +241,17 @@ def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, att
 def test_instrument_after_the_group_exists_meets_it_at_once(gloo_alone, instrumented, attach_seen):
     instrumented()
     assert attach_seen == [(gloo_alone, 0)]
+
+
+def test_a_later_instrument_points_the_live_groups_python_hook_at_itself(group):
+    """The group outlives uninstrument() with its GroupInfo: instrument() again points its hook back at it."""
+    pg, gi = group
+    nccl.attach(gi)
+    nccl.flush_pending(0.0)  # uninstrument()
+    nccl.enable(True)  # instrument() again: the same live group, never attached anew
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
 
 
 def test_nccl_completion_disabled_leaves_groups_enqueue_timed(group, instrumented):

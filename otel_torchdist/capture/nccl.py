@@ -45,16 +45,28 @@ _hooked: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 # disabled_captures=("nccl_completion",): groups are left enqueue-timed (the hook costs each collective
 # tens of microseconds of the training thread: benchmarks/gpu_collective_cost.py)
 _ENABLED = [True]
-# nccl_hook="native": the hook in C++ (native/timed_group.cpp), which runs no Python on torch's hook thread
-_NATIVE = [False]
+# nccl_hook="native": the hook in C++ (native/timed_group.cpp), which runs no Python on torch's hook thread;
+# [1]: compile the native part when missing (native="build")
+_NATIVE = [False, False]
 # the native module while any group's hook is in C++: the drain takes their completions (take_completions)
 _native_hooks: list[Any] = [None]
 
 
-def enable(on: bool, native: bool = False) -> None:
-    """Whether groups met from now on get the completion hook, and in C++ (``native``) or Python."""
+def enable(on: bool, native: bool = False, build: bool = False) -> None:
+    """Whether groups met from now on get the completion hook, and in C++ (``native``; compiled first when
+    missing with ``build``) or Python. Groups hooked by an earlier instrument() of this process are
+    pointed at this one (their one hook reads this instrumentation's group), or left enqueue-timed."""
     _ENABLED[0] = on
-    _NATIVE[0] = native
+    _NATIVE[0], _NATIVE[1] = native, build
+    for pg, slot in list(_hooked.items()):
+        gi = groups._groups.get(pg)
+        if gi is None:
+            continue
+        if on:
+            _point(slot, gi)
+            gi.completion = groups.COMPLETION_NCCL_HOOK
+        else:
+            gi.completion = groups.COMPLETION_ENQUEUE
 
 
 def _point(slot: list, gi: groups.GroupInfo | None) -> None:
@@ -68,10 +80,10 @@ def _native_module() -> Any:
     from .. import native
 
     try:
-        mod = native.load()
+        mod = native.load(build=_NATIVE[1])
     except Exception as exc:
-        health.error("completion", "the native part could not be loaded for the NCCL completion hook", exc)
-        mod = None
+        health.error("completion", "the native part could not be loaded for the NCCL completion hook; it runs in Python", exc)
+        return None
     if mod is None:
         health.warn_once("nccl-hook-native", "nccl_hook=native needs the native part (otel-torchdist build-native); the NCCL completion hook runs in Python")
     return mod

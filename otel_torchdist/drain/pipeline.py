@@ -162,11 +162,11 @@ class Pipeline:
                 # A step's close (deferred) must see the records of that step: the closes queued before the
                 # records are taken, and only those, run after them (a close queued meanwhile waits for the
                 # next round, with the records queued before it).
+                closes = len(deferred)
                 try:  # the C++ completion hook's reports, joined with their records (queued by this)
                     nccl.take_completions()
                 except Exception as exc:
                     health.error("completion", "could not take the NCCL completion hook's reports", exc)
-                closes = len(deferred)
                 count += self._process_all(q)
                 if ddp_native.active():
                     try:

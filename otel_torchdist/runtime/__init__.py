@@ -85,8 +85,11 @@ class Runtime:
         # (which a compiled call through our wrappers reaches), whatever instrument() cycles follow.
         import torch.distributed._functional_collectives  # noqa: F401
 
-        nccl.enable("nccl_completion" not in self.cfg.disabled_captures, self.cfg.nccl_hook == "native" and self.cfg.native != "off")
         groups.forget_destroyed()
+        native_hook = self.cfg.nccl_hook == "native"
+        if native_hook and self.cfg.native == "off":
+            health.warn_once("nccl-hook-native-off", "nccl_hook=native needs the native part, which native=off leaves out: the NCCL completion hook runs in Python")
+        nccl.enable("nccl_completion" not in self.cfg.disabled_captures, native_hook and self.cfg.native != "off", self.cfg.native == "build")
         self.patcher.apply(c10d.patches())
         # Framework captures after c10d's, so torch modules they import bind c10d's wrappers by name.
         # Each one alone: a torch without FSDP1, say, costs that capture, not the rest.
