@@ -36,3 +36,17 @@ def test_every_field_variable_and_metric_is_in_the_references():
         assert f"`{variable}`" in pages["configuration.md"]
     for metric in n.METRICS:
         assert f"`{prometheus_name(metric)}`" in pages["telemetry.md"]
+
+
+def test_every_test_the_reliability_page_names_exists():
+    """docs/reliability.md names the test behind each row: a renamed or removed test fails here."""
+    import glob
+    import re
+
+    with open(os.path.join(REPO, "docs", "reliability.md")) as f:
+        named = set(re.findall(r"`(test_[a-z0-9_]+)`", f.read()))
+    defined = set()
+    for path in glob.glob(os.path.join(REPO, "tests", "*.py")):
+        with open(path) as f:
+            defined.update(re.findall(r"^def (test_[a-z0-9_]+)\(", f.read(), re.M))
+    assert named and not sorted(named - defined)
