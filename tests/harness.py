@@ -16,10 +16,20 @@ from typing import Any
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
+_handed_out: set[int] = set()
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    """A free loopback port, never one handed out before in this process: the kernel may give two binds in
+    a row the same ephemeral port once the first socket is closed (a Collector's config once had its
+    health check and its OTLP receiver on one port, and the Collector could not start)."""
+    while True:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        if port not in _handed_out:
+            _handed_out.add(port)
+            return port
 
 
 def start_ranks(scenario: str, world_size: int, out: str, args: dict | None = None, env: dict | None = None):

@@ -12,13 +12,12 @@ import json
 import os
 import re
 import shutil
-import socket
 import subprocess
 import time
 import urllib.request
 from typing import Any
 
-from .harness import REPO
+from .harness import REPO, free_port
 
 BUILD = os.path.join(REPO, "deploy", "from-source", "build-stack.sh")
 BIN = os.environ.get("TORCHDIST_STACK_BIN", os.path.expanduser("~/.cache/otel-torchdist/stack/bin"))
@@ -38,12 +37,6 @@ def build(component: str = "all") -> str:
     if done.returncode != 0:
         raise RuntimeError(f"deploy/from-source/build-stack.sh {component} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return BIN
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def transform(text: str, endpoints: dict[str, str], ports: dict[int, int] | None = None) -> str:

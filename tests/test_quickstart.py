@@ -10,7 +10,7 @@ import subprocess
 import sys
 
 from .harness import REPO
-from .stack import free_port
+from .harness import free_port
 
 
 def test_the_quickstart_script_runs_as_the_page_says(tmp_path):
