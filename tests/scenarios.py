@@ -20,6 +20,13 @@ F32 = 4  # bytes per float32 element
 LONG = 8  # bytes per int64 element
 
 
+def _native_nccl_hooks() -> int:
+    """Process groups whose NCCL completion hook is the C++ one (nccl_hook="native")."""
+    from otel_torchdist.capture import nccl
+
+    return sum(1 for slot in nccl._hooked.values() if slot[1] is not None)
+
+
 def _instrument(out: str, rank: int, **extra: Any) -> None:
     import otel_torchdist
 
@@ -384,9 +391,7 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     torch.cuda.synchronize()
     same = ws == 1 and all(torch.equal(a, b) for a, b in zip(model.module.parameters(), plain.parameters()))
     attached = ddp_native.is_attached(model)
-    from otel_torchdist.capture import nccl
-
-    native_hooks = sum(1 for slot in nccl._hooked.values() if slot[1] is not None)
+    native_hooks = _native_nccl_hooks()
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"attached": attached, "comm_hook": hooked, "same": same, "native_hooks": native_hooks}
@@ -406,9 +411,7 @@ def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     torch.cuda.synchronize()
     import otel_torchdist
 
-    from otel_torchdist.capture import nccl
-
-    native_hooks = sum(1 for slot in nccl._hooked.values() if slot[1] is not None)
+    native_hooks = _native_nccl_hooks()
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"native_hooks": native_hooks}

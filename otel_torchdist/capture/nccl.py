@@ -122,8 +122,7 @@ def attach(gi: groups.GroupInfo) -> None:
                 _native_hooks[0] = mod
             except Exception as exc:  # torch registered nothing: the Python hook instead
                 health.warn_once("nccl-hook-native-failed", "the NCCL completion hook could not run in C++ (%s); it runs in Python", exc)
-                register(lambda info, slot=slot: _on_complete(slot[0], info))
-        else:
+        if slot[1] is None:
             register(lambda info, slot=slot: _on_complete(slot[0], info))
     except Exception as exc:
         health.warn_once(

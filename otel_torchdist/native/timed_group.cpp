@@ -254,30 +254,27 @@ int64_t hook_group(const c10::intrusive_ptr<c10d::ProcessGroup>& pg, int64_t gid
   return id;
 }
 
-void set_hook_group(int64_t id, int64_t gid) {
+// Hook `id`'s slot (it stays where it is: the deque only grows).
+std::atomic<int64_t>& hook_slot(int64_t id, const char* who) {
   auto& c = completions();
   std::lock_guard<std::mutex> g(c.mu);
-  if (id < 0 || id >= int64_t(c.slots.size())) throw py::value_error("set_hook_group: no such hook");
-  c.slots[size_t(id)].store(gid, std::memory_order_release);
+  if (id < 0 || id >= int64_t(c.slots.size())) throw py::value_error(std::string(who) + ": no such hook");
+  return c.slots[size_t(id)];
 }
+
+void set_hook_group(int64_t id, int64_t gid) { hook_slot(id, "set_hook_group").store(gid, std::memory_order_release); }
 
 // Test seam: what the hook does with a completion of (gid, seq) at t1 (tests/test_native_nccl_hook.py;
 // ProcessGroupNCCL cannot exist without a GPU).
 void complete_as_hook(int64_t hook, int64_t seq, int64_t t1_ns, double gpu_seconds, int op) {
-  auto& c = completions();
-  const std::atomic<int64_t>* slot;
-  {
-    std::lock_guard<std::mutex> g(c.mu);
-    if (hook < 0 || hook >= int64_t(c.slots.size())) throw py::value_error("complete_as_hook: no such hook");
-    slot = &c.slots[size_t(hook)];
-  }
+  const auto& slot = hook_slot(hook, "complete_as_hook");
   // WorkInfo's clock is steady_clock in this project's torch, system_clock in older ones: built either way
   using TimePoint = decltype(std::declval<c10d::WorkInfo>().timeFinished);
   TimePoint t1{std::chrono::duration_cast<typename TimePoint::duration>(std::chrono::nanoseconds(t1_ns))};
   c10d::WorkInfo info(static_cast<c10d::OpType>(op), uint64_t(seq), t1, t1,
                       std::chrono::duration_cast<decltype(std::declval<c10d::WorkInfo>().activeDuration)>(
                           std::chrono::duration<double>(gpu_seconds)));
-  on_completion(*slot, info);
+  on_completion(slot, info);
 }
 
 // A hook slot for complete_as_hook(), reporting as group `gid` (no process group: the tests' stand-in).
