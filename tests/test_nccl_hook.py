@@ -66,7 +66,9 @@ class NcclLikeGroup:
         if not timed:
             self.aborted = f"getDuration only works if timing was enabled (work {seq})"
             return
-        info = SimpleNamespace(op_type=SimpleNamespace(name=op), seq=seq, time_finished=datetime.now(), active_duration=timedelta(microseconds=80))
+        # this torch's WorkInfo times: steady_clock time points, a timedelta since CLOCK_MONOTONIC's epoch
+        done = timedelta(microseconds=time.perf_counter_ns() // 1000)
+        info = SimpleNamespace(op_type=SimpleNamespace(name=op), seq=seq, time_finished=done, active_duration=timedelta(microseconds=80))
         self.hook(info)
 
 
@@ -170,6 +172,30 @@ def test_a_work_reported_before_its_record_was_filed_is_still_joined(group):
     nccl.expect(gi, rec)
     assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
     assert not gi.early and not gi.pending
+
+
+@pytest.mark.parametrize("clock", ["steady", "system"])
+def test_a_record_ends_when_the_watchdog_saw_its_work_done_not_when_the_hook_ran(group, clock):
+    """The hook thread may run a report long after the watchdog saw the work done (it waits for the GIL).
+    torch hands the hook the watchdog's time as a steady_clock time point, a timedelta since CLOCK_MONOTONIC's
+    epoch (this project's torch: WorkInfo.time_finished's pybind11 signature says so), or in older torch as
+    a system_clock one, a datetime."""
+    import torch._C._distributed_c10d as c10d
+
+    prop = vars(c10d.WorkInfo).get("time_finished") if hasattr(c10d, "WorkInfo") else None
+    if clock == "steady" and prop is not None:
+        signature = getattr(prop.fget, "__doc__", "") or ""
+        assert "-> datetime.timedelta" in signature, f"this torch's WorkInfo times changed: {signature!r}"
+    pg, gi = group
+    nccl.attach(gi)
+    rec = _issue(pg, gi)
+    done = time.perf_counter_ns() - 50_000_000  # 50 ms before the hook runs
+    when = timedelta(microseconds=done // 1000) if clock == "steady" else datetime.now() - timedelta(milliseconds=50)
+    pg.hook(SimpleNamespace(op_type=SimpleNamespace(name="ALLREDUCE"), seq=rec[R.SEQ], time_finished=when,
+                            active_duration=timedelta(microseconds=80)))  # fmt: skip
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
+    assert abs(rec[R.T_END] - done) < 2_000_000
+    assert rec[R.GPU_NS] == 80_000
 
 
 def test_a_send_does_not_complete_the_collective_sharing_its_number(group):

@@ -26,7 +26,7 @@ from __future__ import annotations
 import logging
 import time
 import weakref
-from datetime import datetime
+from datetime import datetime, timedelta
 from time import perf_counter_ns
 from typing import Any
 
@@ -137,14 +137,21 @@ def attach(gi: groups.GroupInfo) -> None:
 
 
 def _to_perf_ns(when: Any) -> int:
-    """Map a WorkInfo wall-clock time onto the perf_counter_ns axis records use."""
-    if isinstance(when, datetime):
-        wall_ns = int(when.timestamp() * 1e9)
+    """A WorkInfo time on the records' clock (perf_counter_ns: CLOCK_MONOTONIC). torch's WorkInfo times are
+    steady_clock time points, which pybind11 hands over as a timedelta since that clock's epoch (libstdc++'s
+    steady_clock reads CLOCK_MONOTONIC: the records' own clock, to the microsecond); older torch's were
+    system_clock times, a datetime, moved by the two clocks' difference now. Not stamped, or not on this
+    clock: now, when the hook runs (which may be well after, once it has the GIL)."""
+    now = perf_counter_ns()
+    if isinstance(when, timedelta):
+        t = (when.days * 86_400 + when.seconds) * 1_000_000_000 + when.microseconds * 1_000
+    elif isinstance(when, datetime):
+        t = now - (time.time_ns() - int(when.timestamp() * 1e9))
     elif isinstance(when, (int, float)):
-        wall_ns = int(when)
+        t = now - (time.time_ns() - int(when))
     else:
-        return perf_counter_ns()
-    return perf_counter_ns() - (time.time_ns() - wall_ns)
+        return now
+    return t if 0 < t <= now else now
 
 
 # WorkInfo.seq of a send/recv is the group's last collective's number: never join those
