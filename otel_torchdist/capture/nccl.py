@@ -136,6 +136,11 @@ def attach(gi: groups.GroupInfo) -> None:
     gi.completion = groups.COMPLETION_NCCL_HOOK
 
 
+def _ns(span: timedelta) -> int:
+    """A timedelta in nanoseconds, exactly (it holds microseconds; total_seconds() * 1e9 can land 1 ns under)."""
+    return (span.days * 86_400 + span.seconds) * 1_000_000_000 + span.microseconds * 1_000
+
+
 def _to_perf_ns(when: Any) -> int:
     """A WorkInfo time on the records' clock (perf_counter_ns: CLOCK_MONOTONIC). torch's WorkInfo times are
     steady_clock time points, which pybind11 hands over as a timedelta since that clock's epoch (libstdc++'s
@@ -144,7 +149,7 @@ def _to_perf_ns(when: Any) -> int:
     clock: now, when the hook runs (which may be well after, once it has the GIL)."""
     now = perf_counter_ns()
     if isinstance(when, timedelta):
-        t = (when.days * 86_400 + when.seconds) * 1_000_000_000 + when.microseconds * 1_000
+        t = _ns(when)
     elif isinstance(when, datetime):
         t = now - (time.time_ns() - int(when.timestamp() * 1e9))
     elif isinstance(when, (int, float)):
@@ -177,7 +182,7 @@ def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
         if getattr(info.op_type, "name", None) in _P2P_OPS:
             return
         active = getattr(info, "active_duration", None)
-        gpu_ns = int(active.total_seconds() * 1e9) if active is not None else None
+        gpu_ns = _ns(active) if active is not None else None
         t_end = _to_perf_ns(getattr(info, "time_finished", None))
         _join(gi, int(info.seq), gpu_ns, t_end, ddp_native.module())
     except Exception as exc:
