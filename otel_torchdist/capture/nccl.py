@@ -145,7 +145,7 @@ def _to_perf_ns(when: Any) -> int:
     """A WorkInfo time on the records' clock (perf_counter_ns: CLOCK_MONOTONIC). torch's WorkInfo times are
     steady_clock time points, which pybind11 hands over as a timedelta since that clock's epoch (libstdc++'s
     steady_clock reads CLOCK_MONOTONIC: the records' own clock, to the microsecond); older torch's were
-    system_clock times, a datetime, moved by the two clocks' difference now. Not stamped, or not on this
+    system_clock times, a datetime, moved by the two clocks' difference now. Not stamped, or ahead of the
     clock: now, when the hook runs (which may be well after, once it has the GIL)."""
     now = perf_counter_ns()
     if isinstance(when, timedelta):
