@@ -183,9 +183,9 @@ def test_a_record_ends_when_the_watchdog_saw_its_work_done_not_when_the_hook_ran
     import torch._C._distributed_c10d as c10d
 
     prop = vars(c10d.WorkInfo).get("time_finished") if hasattr(c10d, "WorkInfo") else None
-    if clock == "steady" and prop is not None:
+    if prop is not None:  # this torch's form is one of the two read here
         signature = getattr(prop.fget, "__doc__", "") or ""
-        assert "-> datetime.timedelta" in signature, f"this torch's WorkInfo times changed: {signature!r}"
+        assert "-> datetime.timedelta" in signature or "-> datetime.datetime" in signature, signature
     pg, gi = group
     nccl.attach(gi)
     rec = _issue(pg, gi)
