@@ -298,13 +298,15 @@ def test_a_drain_interval_of_many_fast_steps_keeps_every_bucket_in_its_step(nati
 # thread's call, which cannot exist without a GPU: tests/test_gpu.py runs the real one). Here a gloo group
 # stands in for the NCCL one and the test makes the hook's calls itself, through nccl._on_complete.
 def _report(gi, seq: int, gpu_ns: int = 7_000):
-    from datetime import datetime, timedelta
+    from datetime import timedelta
+    from time import perf_counter_ns
     from types import SimpleNamespace
 
     from otel_torchdist.capture import nccl
 
+    # this torch's WorkInfo times: steady_clock time points, a timedelta since CLOCK_MONOTONIC's epoch
     info = SimpleNamespace(op_type=SimpleNamespace(name="ALLREDUCE"), seq=seq, active_duration=timedelta(microseconds=gpu_ns / 1000),
-                           time_finished=datetime.now())  # fmt: skip
+                           time_finished=timedelta(microseconds=perf_counter_ns() // 1000))  # fmt: skip
     nccl._on_complete(gi, info)
 
 
