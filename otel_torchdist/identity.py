@@ -30,6 +30,7 @@ import torch.distributed as dist
 
 from . import names as n
 from ._version import __version__
+from .capture import groups
 
 _log = logging.getLogger(__name__)
 
@@ -204,7 +205,7 @@ def resolve(configured_run_id: str | None) -> Identity:
     if dist.is_available() and dist.is_initialized():
         rank = dist.get_rank()
         world = dist.get_world_size()
-        backend = str(dist.get_backend())
+        backend = groups.backend_name()
         run_id = run_id_from_env(configured_run_id) or _agree_run_id(rank)
         distributed = True
         elastic = os.environ.get("TORCHELASTIC_RUN_ID") is not None and world > 1 and backend != "fake"

@@ -221,3 +221,14 @@ def test_metrics_agree_with_spans(job):
 def _label(span):
     """The span names its metrics' ``group`` label itself, so a span joins its series without guessing."""
     return span["attributes"][n.COLL_GROUP_LABEL]
+
+def test_the_reduce_op_is_named_as_torch_names_it():
+    """A ReduceOp member, a functional collective's string, and a ReduceOp object made with a factor
+    (``PREMUL_SUM``, which FSDP2's reduce-scatter uses with a gradient divide factor, has no ``name``)."""
+    import torch.distributed as dist
+
+    from otel_torchdist.drain.spans import redop_name
+
+    assert [redop_name(op) for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, "sum", dist.ReduceOp.PREMUL_SUM(0.5))] == [
+        "sum", "avg", "sum", "premul_sum",
+    ]  # fmt: skip

@@ -35,6 +35,8 @@ class NcclLikeGroup:
         self.hook = None
         self.in_flight: dict[int, bool] = {}  # seq -> issued with timing on
         self.aborted = None
+        self.cpu = SimpleNamespace(seq=0)
+        self.cpu._get_sequence_number_for_group = lambda: self.cpu.seq
 
     def size(self) -> int:
         return 1
@@ -47,6 +49,18 @@ class NcclLikeGroup:
 
     def _enable_collectives_timing(self) -> None:
         self.timing = True
+
+    def _get_backend_name(self) -> str:
+        return "nccl"  # the group's default backend (what init_process_group() picks on a GPU machine)
+
+    def _get_backend(self, device):
+        # "cpu:gloo,cuda:nccl": a call on CPU tensors runs on a backend with its own numbering
+        assert str(device) == "cpu"
+        return self.cpu
+
+    def cpu_call(self) -> None:
+        """A collective on CPU tensors: the CPU backend counts it, NCCL does not."""
+        self.cpu.seq += 1
 
     def _register_on_completion_hook(self, hook) -> None:
         if self.hook is not None:
@@ -90,6 +104,84 @@ def group():
     gi.pending.clear()  # a record left pending would be exported as unfinished by the next test's end
     gi.early.clear()
     R.QUEUE.clear()
+
+
+@pytest.fixture
+def named(monkeypatch):
+    """A stand-in group registered under the backend name ``dist.get_backend`` gives it (torch's own
+    get_backend knows no stand-in: it is told what it would say for a real group)."""
+    made = []
+
+    def make(backend: str):
+        pg = NcclLikeGroup()
+        real = groups.dist.get_backend
+        monkeypatch.setattr(groups.dist, "get_backend", lambda g=None: backend if g is pg else real(g))
+        gi = groups.GroupInfo(pg)
+        gi.gid = len(groups.BY_ID)
+        groups.BY_ID.append(gi)
+        groups._groups[pg] = gi
+        made.append((pg, gi))
+        return pg, gi
+
+    R.QUEUE.clear()
+    nccl.enable(True)
+    yield make
+    for pg, gi in made:
+        groups._groups.pop(pg, None)
+        nccl._hooked.pop(pg, None)
+        gi.pending.clear()
+        gi.early.clear()
+    R.QUEUE.clear()
+
+
+def test_a_group_made_without_a_backend_is_hooked_as_the_backend_torch_picked(named):
+    """``init_process_group()`` with no backend: torch names it "undefined" and runs NCCL on a GPU machine."""
+    pg, gi = named("undefined")
+    assert gi.backend == "nccl"
+    nccl.attach(gi)
+    assert gi.completion == groups.COMPLETION_NCCL_HOOK and pg.hook is not None
+
+
+def test_the_run_names_the_backend_torch_picked(gloo_alone_undefined):
+    from otel_torchdist import identity
+
+    assert str(groups.dist.get_backend()) == "undefined"
+    assert groups.GroupInfo(groups.dist.group.WORLD).backend == "gloo"  # no GPU here: gloo
+    assert identity.resolve("unit").backend == "gloo"
+
+
+@pytest.fixture
+def gloo_alone_undefined():
+    """A 1-rank group made as ``init_process_group()`` without a backend makes it (gloo on this machine)."""
+    assert not groups.dist.is_initialized()
+    groups.dist.init_process_group(store=groups.dist.HashStore(), rank=0, world_size=1)
+    yield groups.dist.group.WORLD
+    groups.dist.destroy_process_group()
+
+
+def test_a_cpu_call_on_a_group_of_two_backends_is_not_taken_for_nccl_work(named):
+    """"cpu:gloo,cuda:nccl": NCCL's number does not move for a call on CPU tensors, so it would file the
+    record under the number of NCCL's last work, replacing that work's record or waiting for ever; it
+    completes as on gloo instead, without NCCL's number, and NCCL's work still ends by the hook."""
+    from otel_torchdist.capture import c10d
+
+    pg, gi = named("cpu:gloo,cuda:nccl")
+    assert gi.mixed is pg.cpu
+    nccl.attach(gi)
+    gpu = _new(pg, gi)
+    c10d._finish(gpu, None)
+    assert gi.pending == {gpu[R.SEQ]: gpu}
+    cpu = R.new("all_reduce", "all_reduce", "test", gi.gid)
+    pg.cpu_call()
+    c10d._finish(cpu, None)
+    assert [(r[R.SEQ], r[R.END]) for r in R.QUEUE] == [(None, n.END_RETURN)]
+    assert gi.pending == {gpu[R.SEQ]: gpu}
+    pg.finish(gpu[R.SEQ])
+    assert [(r[R.SEQ], r[R.END]) for r in R.QUEUE][1:] == [(gpu[R.SEQ], n.END_NCCL_HOOK)]
+    # and the next NCCL call is NCCL's again
+    again = _new(pg, gi)
+    c10d._finish(again, None)
+    assert gi.pending == {again[R.SEQ]: again}
 
 
 def _new(pg, gi) -> list:

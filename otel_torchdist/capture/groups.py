@@ -8,6 +8,7 @@ import logging
 import threading
 from typing import Any
 
+import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
@@ -41,6 +42,8 @@ class GroupInfo:
         "lock",
         "span_attrs",
         "last_completed",
+        "mixed",
+        "cpu_seq",
     )
 
     def __init__(self, pg: Any) -> None:
@@ -50,7 +53,18 @@ class GroupInfo:
         self.desc = _safe(lambda: pg.group_desc, "")
         self.size = _safe(lambda: pg.size(), 0)
         self.rank = _safe(lambda: pg.rank(), -1)
-        self.backend = _safe(lambda: str(dist.get_backend(pg)), "unknown")
+        self.backend = backend_name(pg)
+        # Several backends ("cpu:gloo,cuda:nccl"): NCCL's hook and sequence number are the group's, and a
+        # call on CPU tensors runs on the CPU one, told apart by that backend's own number (c10d._finish).
+        self.mixed: Any = None  # the CPU backend of such a group
+        self.cpu_seq = 0  # its last number seen
+        if "nccl" in self.backend and len({pair.rsplit(":", 1)[-1] for pair in self.backend.split(",")}) > 1:
+            try:
+                cpu = pg._get_backend(torch.device("cpu"))
+                self.cpu_seq = int(cpu._get_sequence_number_for_group())
+                self.mixed = cpu
+            except Exception:
+                pass  # no CPU backend that counts: every call is taken as NCCL's
         self.global_ranks: tuple[int, ...] = tuple(_safe(lambda: dist.get_process_group_ranks(pg), ()))
         self.ranks = self.global_ranks if self.size <= SMALL_GROUP else None
         self.label = ""
@@ -91,6 +105,16 @@ class GroupInfo:
         if 0 <= group_rank < len(self.global_ranks):
             return self.global_ranks[group_rank]
         return group_rank
+
+
+def backend_name(pg: Any = None) -> str:
+    """The group's backend as torch names it, or, for a group made without one (``init_process_group()``:
+    torch says "undefined" and picks the machine's accelerator's backend), the backend it picked."""
+    name = _safe(lambda: str(dist.get_backend(pg)), "unknown")
+    if name == "undefined":
+        picked = pg if pg is not None else _safe(lambda: c10d._get_default_group(), None)
+        name = _safe(lambda: str(picked._get_backend_name()), name)
+    return name
 
 
 def _is_gpu_backend(backend: str) -> bool:

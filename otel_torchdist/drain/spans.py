@@ -26,6 +26,9 @@ def redop_name(op: Any) -> str | None:
     name = getattr(op, "name", None)
     if isinstance(name, str):
         return name.lower()
+    name = getattr(getattr(op, "op", None), "name", None)  # a ReduceOp object (PREMUL_SUM(factor)): its type's
+    if isinstance(name, str):
+        return name.lower()
     text = str(op)
     if "." in text and " " not in text:
         return text.rsplit(".", 1)[-1].lower()
