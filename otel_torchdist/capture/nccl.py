@@ -159,7 +159,10 @@ def _to_perf_ns(when: Any) -> int:
     return t if 0 < t <= now else now
 
 
-# WorkInfo.seq of a send/recv is the group's last collective's number: never join those
+# A send/recv's WorkInfo.seq is ProcessGroupNCCL's point-to-point count, not the collectives' one the
+# records carry: never join those. (A batch of them, batch_isend_irecv, completes as one COALESCED work
+# on that count too, and WorkInfo does not say it is point-to-point: not told apart yet, see
+# benchmarks/results/2026-11-27b-session.md.)
 _P2P_OPS = frozenset(("SEND", "RECV", "RECVANYSOURCE"))
 _EARLY_KEPT = 64  # reports of works never recorded (issued around the wrappers) must not pile up
 
