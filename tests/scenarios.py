@@ -402,7 +402,8 @@ def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     hook = args.get("nccl_hook", "python")
     _instrument(out, rank, run_id="nccl", nccl_hook=hook, native="build" if hook == "native" else "auto")
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=ws)
+    # backend None: init_process_group() as many scripts call it (torch says "undefined" and picks NCCL)
+    dist.init_process_group(args.get("backend", "nccl"), rank=rank, world_size=ws)
     t = torch.ones(64 << 20, device="cuda")  # 256 MiB of float32
     for _ in range(3):
         # queued behind ~50 ms of GPU work: the call returns at enqueue, the GPU finishes after the sleep

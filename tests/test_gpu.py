@@ -17,13 +17,14 @@ pytestmark = [
 ]
 
 
-@pytest.mark.parametrize("hook", ["python", "native"])
-def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path, hook, request):
-    """The hook in Python, and in C++ (``nccl_hook="native"``: no Python on torch's hook thread)."""
+@pytest.mark.parametrize("hook,backend", [("python", "nccl"), ("native", "nccl"), ("python", None)])
+def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path, hook, backend, request):
+    """The hook in Python, and in C++ (``nccl_hook="native"``: no Python on torch's hook thread); and a
+    group made by ``init_process_group()`` without a backend (torch names it "undefined")."""
     if hook == "native":
         request.getfixturevalue("native_built")
     out = str(tmp_path / "job")
-    (result,) = run_ranks("nccl_timing", 1, out, {"nccl_hook": hook})
+    (result,) = run_ranks("nccl_timing", 1, out, {"nccl_hook": hook, "backend": backend})
     assert result["native_hooks"] == (1 if hook == "native" else 0)
     spans = collective_spans(read_spans(os.path.join(out, "runs", "nccl", "traces.rank0.jsonl")))
     big = [s for s in spans if s["attributes"][n.COLL_MESSAGE_SIZE] == 256 << 20]
@@ -31,7 +32,7 @@ def test_nccl_collectives_are_gpu_timed_by_the_completion_hook(tmp_path, hook, r
     for s in big:
         wall = (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9
         assert s["attributes"][n.COLL_END_SOURCE] == "nccl_completion_hook"
-        assert s["attributes"][n.COLL_BACKEND] == "nccl"
+        assert s["attributes"][n.COLL_BACKEND] == "nccl"  # not "undefined"
         # each call was queued behind ~50 ms of GPU sleep: a span ended at enqueue would last microseconds
         assert wall > 0.02, s
         # the duration attribute is the kernel's own time (CUDA events), not the wait behind the sleep
