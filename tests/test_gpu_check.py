@@ -1,4 +1,4 @@
-"""The GPU benchmarks (benchmarks/gpu_check.py, the GPU verification, and gpu_collective_cost.py): on a machine
+"""The GPU benchmarks (benchmarks/gpu_check.py, the GPU verification, gpu_collective_cost.py and gpu_workinfo_probe.py): on a machine
 without CUDA (CI) they must say so and measure nothing; on a GPU machine run them by hand (their checks need
 the GPU)."""
 
@@ -20,6 +20,7 @@ from .harness import REPO
     [
         ("gpu_check.py", "gpu_check: SKIPPED: no CUDA GPU here (torch.cuda.is_available() is False); nothing was measured"),
         ("gpu_collective_cost.py", "gpu_collective_cost: skipped: needs a CUDA GPU and NCCL (none on this machine)"),
+        ("gpu_workinfo_probe.py", "gpu_workinfo_probe: skipped: needs a CUDA GPU and NCCL (none on this machine)"),
     ],
 )
 def test_without_cuda_it_skips_and_says_why(tmp_path, script, says):
