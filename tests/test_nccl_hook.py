@@ -166,7 +166,7 @@ def test_a_cpu_call_on_a_group_of_two_backends_is_not_taken_for_nccl_work(named)
     from otel_torchdist.capture import c10d
 
     pg, gi = named("cpu:gloo,cuda:nccl")
-    assert gi.mixed is pg.cpu
+    assert gi.cpu_backend is pg.cpu
     nccl.attach(gi)
     gpu = _new(pg, gi)
     c10d._finish(gpu, None)

@@ -184,11 +184,11 @@ def _finish(rec: list, result: Any) -> None:
     gi = _BY_ID[rec[R.GROUP]]
     rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
     if rec[R.INNER]:
-        if gi.mixed is not None:
+        if gi.cpu_backend is not None:
             _mixed_route(gi, rec)  # inner calls on the CPU backend: not NCCL's number
         complete(rec, n.END_RETURN)  # object collectives copy to host: they return complete
         return
-    completion_kind = gi.completion if gi.mixed is None else _mixed_route(gi, rec)
+    completion_kind = gi.completion if gi.cpu_backend is None else _mixed_route(gi, rec)
     if completion_kind == groups.COMPLETION_FUTURE:
         if rec[R.ASYNC]:
             completion.track(rec, result if isinstance(result, list) else [result])
@@ -209,7 +209,7 @@ def _mixed_route(gi: groups.GroupInfo, rec: list) -> str:
     """A group of several backends ("cpu:gloo,cuda:nccl"): a call that moved the CPU backend's own number ran
     there, on CPU tensors, and completes as on gloo; its number is not the group's (NCCL's), so it has none."""
     try:
-        seq = int(gi.mixed._get_sequence_number_for_group())
+        seq = int(gi.cpu_backend._get_sequence_number_for_group())
     except Exception:
         return gi.completion
     if seq == gi.cpu_seq:

@@ -42,7 +42,7 @@ class GroupInfo:
         "lock",
         "span_attrs",
         "last_completed",
-        "mixed",
+        "cpu_backend",
         "cpu_seq",
     )
 
@@ -56,13 +56,13 @@ class GroupInfo:
         self.backend = backend_name(pg)
         # Several backends ("cpu:gloo,cuda:nccl"): NCCL's hook and sequence number are the group's, and a
         # call on CPU tensors runs on the CPU one, told apart by that backend's own number (c10d._finish).
-        self.mixed: Any = None  # the CPU backend of such a group
+        self.cpu_backend: Any = None  # such a group's CPU backend (None: one backend)
         self.cpu_seq = 0  # its last number seen
         if "nccl" in self.backend and len({pair.rsplit(":", 1)[-1] for pair in self.backend.split(",")}) > 1:
             try:
                 cpu = pg._get_backend(torch.device("cpu"))
                 self.cpu_seq = int(cpu._get_sequence_number_for_group())
-                self.mixed = cpu
+                self.cpu_backend = cpu
             except Exception:
                 pass  # no CPU backend that counts: every call is taken as NCCL's
         self.global_ranks: tuple[int, ...] = tuple(_safe(lambda: dist.get_process_group_ranks(pg), ()))
