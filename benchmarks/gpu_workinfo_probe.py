@@ -101,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["reports"]:
         print(f"report {r['op_type']:<18} seq {r['seq']:>3}   started {r['started_us']} us, finished {r['finished_us']} us"
               f"   ({r['time_started_type']}; started inside {r['started_inside'] or 'no call'})")  # fmt: skip
+    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with open(args.out, "w") as f:
         json.dump(report, f, indent=1)
     print(f"gpu_workinfo_probe: report in {args.out}")
