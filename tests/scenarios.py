@@ -416,3 +416,38 @@ def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"native_hooks": native_hooks}
+
+
+def nccl_p2p_numbering(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """batch_isend_irecv (to itself) numbered on NCCL's point-to-point count, then all_reduces whose numbers
+    the batches' reports already carry (GPU machines only): each all_reduce must end at its own completion."""
+    hook = args.get("nccl_hook", "python")
+    _instrument(out, rank, run_id="nccl-p2p", nccl_hook=hook, native="build" if hook == "native" else "auto")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ws)
+    from otel_torchdist.capture import nccl
+
+    a = torch.ones(64 << 20, device="cuda")
+    sent, got = torch.ones(1024, device="cuda"), torch.zeros(1024, device="cuda")
+
+    def settle() -> None:
+        torch.cuda.synchronize()
+        time.sleep(0.5)  # the watchdog polls every 100 ms, the drain runs every 200: its reports are joined
+
+    dist.all_reduce(a)  # collective 1: its report shows the stamp on the records' clock
+    settle()
+    for _ in range(3):  # point-to-point works 1..3 (or 0..2): their reports wait under numbers 1..3
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, sent, rank), dist.P2POp(dist.irecv, got, rank)]):
+            work.wait()
+        settle()
+    for _ in range(2):  # collectives 2 and 3: queued behind ~50 ms of GPU sleep
+        torch.cuda._sleep(100_000_000)
+        dist.all_reduce(a)
+    settle()
+    import otel_torchdist
+
+    start_check = nccl._START_CHECK[0]
+    native_hooks = _native_nccl_hooks()
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"native_hooks": native_hooks, "start_check": start_check}

@@ -62,3 +62,25 @@ def test_ddp_on_nccl_is_recorded_by_the_native_group_and_gpu_timed(tmp_path, nat
         if step >= 2:  # after DDP's bucket rebuild: two buckets, the gradients' bytes
             assert [x[n.DDP_BUCKET_INDEX] for x in a] == [0, 1] and [x[n.DDP_BUCKET_LAST] for x in a] == [False, True], a
             assert sum(x[n.COLL_MESSAGE_SIZE] for x in a) == 4 * (16 * 64 + 64 + 64 * 64 + 64 + 64 * 4 + 4)
+
+
+@pytest.mark.parametrize("hook", ["python", "native"])
+def test_a_point_to_point_batch_does_not_end_the_collective_of_its_number(tmp_path, hook, request):
+    """ProcessGroupNCCL numbers point-to-point work apart; a batch_isend_irecv's report (one COALESCED work)
+    carries a number the group's collectives also get. Each all_reduce ends at its own completion (joined
+    on its number by a report of the batch, it would end before it began), and the stamp that tells them
+    apart (WorkInfo.time_started) is on the records' clock."""
+    if hook == "native":
+        request.getfixturevalue("native_built")
+    out = str(tmp_path / "job")
+    (result,) = run_ranks("nccl_p2p_numbering", 1, out, {"nccl_hook": hook})
+    assert result["start_check"] == 1  # a collective's work was seen to start inside its call
+    assert result["native_hooks"] == (1 if hook == "native" else 0)
+    spans = sorted((s for s in collective_spans(read_spans(os.path.join(out, "runs", "nccl-p2p", "traces.rank0.jsonl")))
+                    if s["name"] == "all_reduce"), key=lambda s: int(s["startTimeUnixNano"]))  # fmt: skip
+    assert len(spans) == 3, spans
+    for s in spans:
+        assert s["attributes"][n.COLL_END_SOURCE] == "nccl_completion_hook"
+        assert int(s["endTimeUnixNano"]) > int(s["startTimeUnixNano"]), s
+    for s in spans[1:]:  # queued behind the GPU sleep: a batch's end would come before the call
+        assert (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9 > 0.02, s

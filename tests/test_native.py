@@ -350,7 +350,7 @@ def test_a_hooked_entry_waits_for_its_report_which_may_come_first(native_built, 
     assert rec[R.T_END] >= rec[R.T_START]
     # the hook thread saw the next one done before the issuing thread read its number: kept, then taken
     _report(gi, seq + 1, gpu_ns=9_000)
-    assert gi.early.pop(seq + 1)[0] == 9_000  # filed for a Python record as well
+    assert gi.early.pop(seq + 1)[0][0] == 9_000  # filed for a Python record as well
     timed.allreduce([t]).wait()
     assert mod.in_flight() == []
     (rec,) = ddp_native.take(None, 0, force=True)

@@ -21,6 +21,7 @@ from otel_torchdist.capture import record as R
 from .test_nccl_hook import NcclLikeGroup, _issue, _new
 
 SEND = 12  # c10d::OpType::SEND
+COALESCED = 17  # c10d::OpType::COALESCED
 
 
 @pytest.fixture
@@ -38,7 +39,9 @@ def hooked(native_built):
     mod.take_completions()
     R.QUEUE.clear()
     health.reset()
+    nccl._START_CHECK[0] = 0
     yield mod, hook, pg, gi
+    nccl._START_CHECK[0] = 0
     mod.set_hook_group(hook, -1)
     nccl._hooked.pop(pg, None)
     nccl._native_hooks[0] = None
@@ -77,6 +80,25 @@ def test_a_send_is_never_joined(hooked):
     mod.complete_as_hook(hook, rec[R.SEQ], 1_000, 5e-6, op=SEND)  # a send carries the last collective's number
     nccl.take_completions()
     assert not R.QUEUE and rec[R.SEQ] in gi.pending
+
+
+def test_a_point_to_point_batch_does_not_end_the_collective_sharing_its_number(hooked):
+    """The C++ hook files a COALESCED work with its start (tests/test_nccl_hook.py says why): one that
+    started before its record's call is another count's (a batch_isend_irecv's)."""
+    mod, hook, pg, gi = hooked
+    first = _issue(pg, gi)
+    mod.complete_as_hook(hook, first[R.SEQ], first[R.T_START] + 50_000, 5e-6, t0_ns=first[R.T_START] + 1)
+    nccl.take_completions()
+    assert nccl._START_CHECK[0] == 1  # a collective's work started inside its call: the stamp is trusted
+    R.QUEUE.clear()
+    rec = _issue(pg, gi)
+    batch_start = rec[R.T_START] - 3_000_000
+    mod.complete_as_hook(hook, rec[R.SEQ], rec[R.T_START] + 10_000, 9e-6, op=COALESCED, t0_ns=batch_start)
+    nccl.take_completions()
+    assert not R.QUEUE and rec[R.SEQ] in gi.pending
+    mod.complete_as_hook(hook, rec[R.SEQ], rec[R.T_START] + 90_000, 70e-6, op=COALESCED, t0_ns=rec[R.T_START] + 1)
+    nccl.take_completions()
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and rec[R.GPU_NS] == 70_000 and not gi.pending
 
 
 def test_uninstrumented_the_hook_files_nothing_and_a_later_instrument_points_it_anew(hooked):

@@ -31,6 +31,8 @@ class NcclLikeGroup:
 
     def __init__(self) -> None:
         self.seq = 0
+        self.p2p_seq = 0  # point-to-point work counts apart (ProcessGroupNCCL's seqP2P_)
+        self.started: dict[tuple[str, int], int] = {}  # (count, seq) -> when the work was made (in the call)
         self.timing = False
         self.hook = None
         self.in_flight: dict[int, bool] = {}  # seq -> issued with timing on
@@ -70,7 +72,14 @@ class NcclLikeGroup:
     def issue(self) -> int:
         self.seq += 1
         self.in_flight[self.seq] = self.timing
+        self.started["coll", self.seq] = time.perf_counter_ns()
         return self.seq
+
+    def issue_batch(self) -> int:
+        """A batch_isend_irecv: one COALESCED work numbered on the point-to-point count."""
+        self.p2p_seq += 1
+        self.started["p2p", self.p2p_seq] = time.perf_counter_ns()
+        return self.p2p_seq
 
     def finish(self, seq: int, op: str = "ALLREDUCE") -> None:
         """The watchdog sees the work done and hands it to the hook thread."""
@@ -80,10 +89,17 @@ class NcclLikeGroup:
         if not timed:
             self.aborted = f"getDuration only works if timing was enabled (work {seq})"
             return
+        self.hook(self.info(op, seq, self.started["coll", seq]))
+
+    def finish_batch(self, seq: int) -> None:
+        self.hook(self.info("COALESCED", seq, self.started["p2p", seq]))
+
+    @staticmethod
+    def info(op: str, seq: int, started_ns: int, active_us: int = 80) -> SimpleNamespace:
         # this torch's WorkInfo times: steady_clock time points, a timedelta since CLOCK_MONOTONIC's epoch
         done = timedelta(microseconds=time.perf_counter_ns() // 1000)
-        info = SimpleNamespace(op_type=SimpleNamespace(name=op), seq=seq, time_finished=done, active_duration=timedelta(microseconds=80))
-        self.hook(info)
+        return SimpleNamespace(op_type=SimpleNamespace(name=op), seq=seq, time_started=timedelta(microseconds=started_ns // 1000),
+                               time_finished=done, active_duration=timedelta(microseconds=active_us))  # fmt: skip
 
 
 @pytest.fixture
@@ -98,7 +114,9 @@ def group():
     R.QUEUE.clear()
     health.reset()
     nccl.enable(True)  # the Python hook, whatever an earlier instrument() chose
+    nccl._START_CHECK[0] = 0
     yield pg, gi
+    nccl._START_CHECK[0] = 0
     groups._groups.pop(pg, None)
     nccl._hooked.pop(pg, None)
     gi.pending.clear()  # a record left pending would be exported as unfinished by the next test's end
@@ -125,7 +143,9 @@ def named(monkeypatch):
 
     R.QUEUE.clear()
     nccl.enable(True)
+    nccl._START_CHECK[0] = 0
     yield make
+    nccl._START_CHECK[0] = 0
     for pg, gi in made:
         groups._groups.pop(pg, None)
         nccl._hooked.pop(pg, None)
@@ -170,22 +190,27 @@ def test_a_cpu_call_on_a_group_of_two_backends_is_not_taken_for_nccl_work(named)
     nccl.attach(gi)
     gpu = _new(pg, gi)
     c10d._finish(gpu, None)
-    assert gi.pending == {gpu[R.SEQ]: gpu}
+    assert _pending(gi) == {gpu[R.SEQ]: gpu}
     cpu = R.new("all_reduce", "all_reduce", "test", gi.gid)
     pg.cpu_call()
     c10d._finish(cpu, None)
     assert [(r[R.SEQ], r[R.END]) for r in R.QUEUE] == [(None, n.END_RETURN)]
-    assert gi.pending == {gpu[R.SEQ]: gpu}
+    assert _pending(gi) == {gpu[R.SEQ]: gpu}
     pg.finish(gpu[R.SEQ])
     assert [(r[R.SEQ], r[R.END]) for r in R.QUEUE][1:] == [(gpu[R.SEQ], n.END_NCCL_HOOK)]
     # and the next NCCL call is NCCL's again
     again = _new(pg, gi)
     c10d._finish(again, None)
-    assert gi.pending == {again[R.SEQ]: again}
+    assert _pending(gi) == {again[R.SEQ]: again}
+
+
+def _pending(gi) -> dict:
+    return {seq: rec for seq, (rec, _) in gi.pending.items()}
 
 
 def _new(pg, gi) -> list:
     rec = R.new("all_reduce", "all_reduce", "test", gi.gid)
+    rec[R.T_START] = time.perf_counter_ns()  # as the wrapper stamps it, before the call
     rec[R.SEQ] = pg.issue()
     return rec
 
@@ -297,7 +322,149 @@ def test_a_send_does_not_complete_the_collective_sharing_its_number(group):
     # a send's work carries the number of the group's last collective (point-to-point counts apart)
     pg.hook(SimpleNamespace(op_type=SimpleNamespace(name="SEND"), seq=rec[R.SEQ], time_finished=datetime.now(),
                             active_duration=timedelta(microseconds=5)))  # fmt: skip
-    assert not R.QUEUE and gi.pending == {rec[R.SEQ]: rec}
+    assert not R.QUEUE and _pending(gi) == {rec[R.SEQ]: rec}
+
+
+# ----------------------------------------------- a point-to-point batch numbered like a collective
+# ProcessGroupNCCL numbers point-to-point work on a count of its own; a batch_isend_irecv completes as one
+# COALESCED work on that count, and WorkInfo does not say it is point-to-point. Its time_started (stamped
+# when the work is made, inside the call that issues it) tells it from the collective of the same number.
+
+
+def _calibrated(pg, gi) -> None:
+    """A collective's report seen to start inside its call: the stamp is trusted from now on."""
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ])
+    assert nccl._START_CHECK[0] == 1
+    R.QUEUE.clear()
+
+
+_APART = 0.0002  # the stamp reaches Python in microseconds: works made apart by more than that
+
+
+def _batch_numbered_as(pg, seq: int) -> int:
+    pg.p2p_seq = seq - 1
+    return pg.issue_batch()
+
+
+@pytest.mark.parametrize("when", ["before the call", "after the call"])
+def test_a_point_to_point_batch_does_not_end_the_collective_sharing_its_number(group, when):
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    if when == "before the call":  # a pipeline's batch issued first, still running when the collective is
+        batch = _batch_numbered_as(pg, pg.seq + 1)
+        time.sleep(_APART)
+        rec = _issue(pg, gi)
+    else:  # issued after the collective, and done before it
+        rec = _issue(pg, gi)
+        time.sleep(_APART)
+        batch = _batch_numbered_as(pg, rec[R.SEQ])
+    assert batch == rec[R.SEQ]
+    pg.finish_batch(batch)
+    assert not R.QUEUE and _pending(gi) == {rec[R.SEQ]: rec}
+    time.sleep(0.002)
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
+    assert rec[R.T_END] - rec[R.T_START] >= 2_000_000  # its own end, not the batch's
+
+
+def test_a_batch_reported_before_the_collective_of_its_number_was_filed_is_not_taken_for_it(group):
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    batch = _batch_numbered_as(pg, pg.seq + 1)
+    pg.finish_batch(batch)  # in the early table, under the number the next collective will have
+    assert gi.early
+    time.sleep(_APART)
+    rec = _issue(pg, gi)
+    assert rec[R.SEQ] == batch and not R.QUEUE and _pending(gi) == {rec[R.SEQ]: rec}
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending and not gi.early
+
+
+def test_of_two_early_reports_of_one_number_the_records_own_is_taken(group):
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    batch = _batch_numbered_as(pg, pg.seq + 1)
+    time.sleep(_APART)
+    rec = _new(pg, gi)
+    pg.finish(rec[R.SEQ])  # the collective's report, before its record is filed...
+    pg.finish_batch(batch)  # ...and the batch's, under the same number
+    assert len(gi.early[rec[R.SEQ]]) == 2
+    nccl.expect(gi, rec)
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending and not gi.early
+    assert rec[R.GPU_NS] == 80_000
+
+
+def test_a_coalesced_collective_is_still_joined(group):
+    """A coalescing block's work (or torch's internal coalescing of uneven lists) is COALESCED too, made
+    inside its call: its record's."""
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ], op="COALESCED")
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
+
+
+def test_a_collective_issued_inside_a_coalescing_block_takes_the_blocks_work(group):
+    """Inside ``_coalescing_manager`` an op that torch does not queue (a broadcast) runs as called, but
+    ProcessGroupNCCL makes one COALESCED work for the block at its end, after the op's record was filed."""
+    from otel_torchdist.capture import c10d
+
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    rec = _new(pg, gi)
+    pg.in_flight.pop(rec[R.SEQ])
+    c10d._coalesce_state[pg] = []  # what _coalescing_manager holds for the group while its block runs
+    try:
+        c10d._finish(rec, None)
+    finally:
+        del c10d._coalesce_state[pg]
+    time.sleep(_APART)
+    pg.hook(pg.info("COALESCED", rec[R.SEQ], time.perf_counter_ns()))  # the block's work, made at its end
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
+
+
+def test_before_any_collective_shows_the_clocks_agree_a_coalesced_report_joins_on_its_number(group):
+    """Until then the stamp is not trusted: a report is never left out on a clock that may be another."""
+    pg, gi = group
+    nccl.attach(gi)
+    batch = _batch_numbered_as(pg, 1)
+    time.sleep(_APART)
+    rec = _issue(pg, gi)
+    pg.finish_batch(batch)
+    assert nccl._START_CHECK[0] == 0
+    assert [r[R.SEQ] for r in R.QUEUE] == [rec[R.SEQ]] and not gi.pending  # ended by the batch's report
+
+
+def test_a_collective_started_outside_its_call_turns_the_check_off_with_a_warning(group, caplog):
+    """A torch whose stamp is on another clock: every report joins on its number, as before the check."""
+    pg, gi = group
+    nccl.attach(gi)
+    rec = _issue(pg, gi)
+    pg.in_flight.pop(rec[R.SEQ])
+    pg.hook(pg.info("ALLREDUCE", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
+    assert nccl._START_CHECK[0] == -1 and [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
+    assert "started outside its call" in caplog.text
+    rec = _issue(pg, gi)
+    pg.hook(pg.info("COALESCED", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
+    assert [r[R.END] for r in R.QUEUE][1:] == [n.END_NCCL_HOOK] and not gi.pending
+
+
+def test_a_report_without_a_start_joins_on_its_number(group):
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    rec = _issue(pg, gi)
+    pg.in_flight.pop(rec[R.SEQ])
+    info = pg.info("COALESCED", rec[R.SEQ], 0)
+    info.time_started = timedelta(0)  # not stamped
+    pg.hook(info)
+    assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
 
 
 def test_reports_of_works_never_recorded_do_not_pile_up(group):

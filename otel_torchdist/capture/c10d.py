@@ -200,7 +200,8 @@ def _finish(rec: list, result: Any) -> None:
         else:
             R._dropped[0] += 1
     elif completion_kind == groups.COMPLETION_NCCL_HOOK and rec[R.KIND] != bw.SEND_RECV:
-        nccl.expect(gi, rec)
+        # inside a coalescing block the work is made at the block's end, after this call
+        nccl.expect(gi, rec, bool(_coalesce_state) and gi.pg in _coalesce_state)
     else:
         complete(rec, n.END_ENQUEUE)
 

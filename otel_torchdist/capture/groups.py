@@ -75,8 +75,9 @@ class GroupInfo:
             self.seq_supported = False  # e.g. the fake backend; we count ourselves
         self.own_seq = itertools.count(1)
         self.completion = COMPLETION_ENQUEUE if _is_gpu_backend(self.backend) else COMPLETION_FUTURE
-        self.pending: dict[int, Any] = {}  # seq -> Record, for completion hooks joined on sequence number
-        self.early: dict[int, Any] = {}  # seq -> a completion reported before its record was pending
+        # for completion hooks joined on sequence number (capture/nccl.py): seq -> (Record, when it was filed)
+        self.pending: dict[int, tuple[list, int]] = {}
+        self.early: dict[int, list] = {}  # seq -> completions reported before its record was filed
         self.lock = threading.Lock()
         self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans
         self.last_completed = 0  # highest sequence number seen complete (the drain thread updates it)

@@ -11,6 +11,14 @@ The hook is a private, deprecated-in-favour-of-Flight-Recorder API, so everythin
 without it records say ``end_source="enqueue"``. Point-to-point work uses a separate sequence that Python
 cannot read, so send/recv on NCCL stay enqueue-timed.
 
+That separate count can give a batch of point-to-point ops (``batch_isend_irecv``, one ``COALESCED`` work)
+the number of a collective of the same group, and WorkInfo does not say a COALESCED work is
+point-to-point. Its ``time_started`` tells them apart: a work is created inside the call that issues it, so
+a report whose start lies outside its record's call window (from the call to the record's filing) is
+another work's. That stamp is trusted once a collective's report has been seen to start inside its own
+call (the clocks agree); if one ever starts outside, the check is off for the process (and a warning says
+so), and reports join on number alone, as before.
+
 Two properties of that API shape this module (seen on an H200, torch 2.11, NCCL 2.28):
 
 - The hook thread asks every completed work for its CUDA-event duration, and a work issued before timing
@@ -141,13 +149,12 @@ def _ns(span: timedelta) -> int:
     return (span.days * 86_400 + span.seconds) * 1_000_000_000 + span.microseconds * 1_000
 
 
-def _to_perf_ns(when: Any) -> int:
-    """A WorkInfo time on the records' clock (perf_counter_ns: CLOCK_MONOTONIC). torch's WorkInfo times are
-    steady_clock time points, which pybind11 hands over as a timedelta since that clock's epoch (libstdc++'s
-    steady_clock reads CLOCK_MONOTONIC: the records' own clock, to the microsecond); older torch's were
-    system_clock times, a datetime, moved by the two clocks' difference now. Not stamped, or ahead of the
-    clock: now, when the hook runs (which may be well after, once it has the GIL)."""
-    now = perf_counter_ns()
+def _stamp(when: Any, now: int) -> int | None:
+    """A WorkInfo time on the records' clock (perf_counter_ns: CLOCK_MONOTONIC), None when it is not stamped
+    or ahead of ``now``. torch's WorkInfo times are steady_clock time points, which pybind11 hands over as a
+    timedelta since that clock's epoch (libstdc++'s steady_clock reads CLOCK_MONOTONIC: the records' own
+    clock, truncated to the microsecond); older torch's were system_clock times, a datetime, moved by the
+    two clocks' difference now."""
     if isinstance(when, timedelta):
         t = _ns(when)
     elif isinstance(when, datetime):
@@ -155,26 +162,65 @@ def _to_perf_ns(when: Any) -> int:
     elif isinstance(when, (int, float)):
         t = now - (time.time_ns() - int(when))
     else:
-        return now
-    return t if 0 < t <= now else now
+        return None
+    return t if 0 < t <= now else None
+
+
+def _to_perf_ns(when: Any) -> int:
+    """A WorkInfo end time on the records' clock; not stamped, or ahead of the clock: now, when the hook runs
+    (which may be well after, once it has the GIL)."""
+    now = perf_counter_ns()
+    t = _stamp(when, now)
+    return now if t is None else t
 
 
 # A send/recv's WorkInfo.seq is ProcessGroupNCCL's point-to-point count, not the collectives' one the
-# records carry: never join those. (A batch of them, batch_isend_irecv, completes as one COALESCED work
-# on that count too, and WorkInfo does not say it is point-to-point: not told apart yet, see
-# benchmarks/results/2026-11-27b-session.md.)
+# records carry: never join those. A batch of them completes as one COALESCED work on that count too:
+# see _fits.
 _P2P_OPS = frozenset(("SEND", "RECV", "RECVANYSOURCE"))
+_COALESCED = "COALESCED"
 _EARLY_KEPT = 64  # reports of works never recorded (issued around the wrappers) must not pile up
+# Whether WorkInfo.time_started is trusted to tell a report's work from another with its number (the
+# module's docstring): 0 not yet known, 1 a collective's report started inside its call, -1 one did not.
+_START_CHECK = [0]
+_TRUNCATED_NS = 1_000  # torch's stamp reaches Python truncated to the microsecond
+_NO_END = 1 << 62
 
 
-def expect(gi: groups.GroupInfo, rec: list) -> None:
-    """``rec`` was just issued: its completion comes from the hook (or already came)."""
+def _fits(rec: list, filed: int, t_start: int | None, coalesced: bool) -> bool:
+    """Whether a report of ``rec``'s number, of a work started at ``t_start``, is ``rec``'s (filed at
+    ``filed``). Only a COALESCED report can be another's: a point-to-point batch numbered on its own count."""
+    if t_start is None or _START_CHECK[0] < 0:
+        return True
+    inside = rec[R.T_START] - _TRUNCATED_NS <= t_start <= filed
+    if coalesced:
+        return inside or _START_CHECK[0] == 0
+    if inside:
+        _START_CHECK[0] = 1
+    else:
+        _START_CHECK[0] = -1
+        health.warn_once(
+            "nccl-hook-start",
+            "an NCCL completion report's work started outside its call (WorkInfo.time_started is not on the "
+            "records' clock with this torch): a batch_isend_irecv's report may end a collective of the same "
+            "number early",
+        )
+    return True
+
+
+def expect(gi: groups.GroupInfo, rec: list, in_block: bool = False) -> None:
+    """``rec`` was just issued: its completion comes from the hook (or already came). ``in_block``: issued
+    inside a coalescing block, whose one work is made at the block's end (its call window has no end)."""
+    seq = rec[R.SEQ]
     with gi.lock:
-        early = gi.early.pop(rec[R.SEQ], None)
-        if early is None:
-            gi.pending[rec[R.SEQ]] = rec
+        filed = _NO_END if in_block else perf_counter_ns()
+        for report in gi.early.pop(seq, ()):
+            if _fits(rec, filed, report[2], report[3]):
+                break
+        else:  # none (the others: point-to-point batches' reports)
+            gi.pending[seq] = (rec, filed)
             return
-    _completed(rec, *early)
+    _completed(rec, report[0], report[1])
 
 
 def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
@@ -182,33 +228,47 @@ def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
     if gi is None:
         return  # uninstrumented: the hook stays with the group
     try:
-        if getattr(info.op_type, "name", None) in _P2P_OPS:
+        op = getattr(info.op_type, "name", None)
+        if op in _P2P_OPS:
             return
         active = getattr(info, "active_duration", None)
         gpu_ns = _ns(active) if active is not None else None
         t_end = _to_perf_ns(getattr(info, "time_finished", None))
-        _join(gi, int(info.seq), gpu_ns, t_end, ddp_native.module())
+        t_start = _stamp(getattr(info, "time_started", None), t_end)
+        _join(gi, int(info.seq), gpu_ns, t_end, ddp_native.module(), t_start, op == _COALESCED)
     except Exception as exc:
         health.error("completion", "could not complete an NCCL record from the completion hook", exc)
 
 
-def _join(gi: groups.GroupInfo, seq: int, gpu_ns: int | None, t_end: int, native: Any) -> None:
-    """Work ``seq`` of ``gi`` completed: end its record, or keep the report for the record about to be filed.
-    ``native``: the module whose DDP entries may be waiting for it (None: the C++ hook asked it already)."""
+def _join(
+    gi: groups.GroupInfo, seq: int, gpu_ns: int | None, t_end: int, native: Any, t_start: int | None = None,
+    coalesced: bool = False,
+) -> None:
+    """Work ``seq`` of ``gi``, started at ``t_start`` (None: not stamped), completed: end its record, or keep
+    the report for the record about to be filed. ``native``: the module whose DDP entries may be waiting for
+    it (None: the C++ hook asked it already); a COALESCED work is never a DDP bucket's."""
     with gi.lock:
-        rec = gi.pending.pop(seq, None)
-        if rec is None:
+        pending = gi.pending.get(seq)
+        if pending is not None:
+            if not _fits(pending[0], pending[1], t_start, coalesced):
+                return  # a point-to-point batch's: its record completes by its future
+            del gi.pending[seq]
+        else:
             # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it
             # for an entry about to be numbered, and it is filed here too for a Python record about to
             # be: whichever comes takes it, and the other copy is never matched (numbers are not reused).
-            if native is not None and native.report(gi.gid, seq, t_end, gpu_ns if gpu_ns is not None else -1):
+            if native is not None and not coalesced and native.report(gi.gid, seq, t_end, gpu_ns if gpu_ns is not None else -1):
                 return
-            # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report
-            if len(gi.early) >= _EARLY_KEPT:
-                del gi.early[next(iter(gi.early))]
-            gi.early[seq] = (gpu_ns, t_end)
+            # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report (two
+            # for one number: a collective's and a point-to-point batch's)
+            reports = gi.early.get(seq)
+            if reports is None:
+                if len(gi.early) >= _EARLY_KEPT:
+                    del gi.early[next(iter(gi.early))]
+                reports = gi.early[seq] = []
+            reports.append((gpu_ns, t_end, t_start, coalesced))
             return
-    _completed(rec, gpu_ns, t_end)
+    _completed(pending[0], gpu_ns, t_end)
 
 
 def take_completions() -> None:
@@ -220,9 +280,9 @@ def take_completions() -> None:
     if dropped:
         health.error("completion", f"{dropped} NCCL completions were not kept (the drain fell behind): their records end unfinished")
     by_id = groups.BY_ID
-    for gid, seq, t_end, gpu_ns in items:
+    for gid, seq, t_end, gpu_ns, t_start, coalesced in items:
         if 0 <= gid < len(by_id):
-            _join(by_id[gid], seq, gpu_ns if gpu_ns >= 0 else None, t_end, None)
+            _join(by_id[gid], seq, gpu_ns if gpu_ns >= 0 else None, t_end, None, t_start if t_start > 0 else None, bool(coalesced))
 
 
 def _completed(rec: list, gpu_ns: int | None, t_end: int) -> None:
@@ -247,7 +307,7 @@ def flush_pending(timeout: float) -> None:
         time.sleep(0.01)
     for gi in list(groups.BY_ID):  # destroyed groups too: their hooks will not come
         with gi.lock:
-            recs = list(gi.pending.values())
+            recs = [rec for rec, _ in gi.pending.values()]
             gi.pending.clear()
             gi.early.clear()
         for rec in recs:

@@ -88,7 +88,7 @@ class Watchdog:
         records += [entry[1] for entry in list(funcol._pending.values())]  # one copy, atomic under the GIL
         for gi in groups.all_groups():
             with gi.lock:
-                records += list(gi.pending.values())
+                records += [rec for rec, _ in gi.pending.values()]
         return records
 
     def check(self) -> None:

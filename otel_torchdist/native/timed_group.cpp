@@ -49,7 +49,7 @@ using otel_native::now_ns;
 
 // Bumped whenever the entry tuple or the module's functions change: the Python side refuses a build of
 // another version (a stale cache).
-constexpr int kVersion = 9;
+constexpr int kVersion = 10;
 
 enum Op : int { kAllreduce = 0, kBroadcast = 1 };
 
@@ -179,12 +179,14 @@ int64_t waiting() {
 // that thread take the GIL (and a new Python thread state) each time, which the training thread pays for:
 // about 45 us a collective on an H200's host (benchmarks/results/2026-11-27-gpu-collective-cost.md). This
 // one runs no Python: it ends a DDP entry of this file (report()) or files the completion for nccl.py,
-// which joins it with its Python record when the drain takes them (take_completions()). torch takes one
+// which joins it with its Python record when the drain takes them (take_completions(); a COALESCED work,
+// perhaps a point-to-point batch numbered on its own count, goes there with its start for nccl.py's check,
+// never to a DDP entry: DDP's buckets are all_reduce works). torch takes one
 // hook per group for the group's life: each hook reads its slot, the group id of the current
 // instrumentation (-1: none, the completion is dropped), which Python sets (set_hook_group()).
 struct Completions {
   std::mutex mu;
-  std::vector<std::array<int64_t, 4>> items;  // (gid, seq, t1, gpu_ns), in the order reported
+  std::vector<std::array<int64_t, 6>> items;  // (gid, seq, t1, gpu_ns, t0, coalesced), in the order reported
   int64_t dropped = 0;
   std::deque<std::atomic<int64_t>> slots;  // hook id -> group id; a deque keeps each slot where it is
 };
@@ -197,12 +199,12 @@ Completions& completions() {
 }
 
 // A WorkInfo time on the records' clock (CLOCK_MONOTONIC, which libstdc++'s steady_clock reads); a
-// system_clock time (older torch) moved by the two clocks' difference now.
+// system_clock time (older torch) moved by the two clocks' difference now. -1: not stamped.
 template <typename TimePoint>
 int64_t on_records_clock(const TimePoint& t) {
   using Clock = typename TimePoint::clock;
   auto since = std::chrono::duration_cast<std::chrono::nanoseconds>(t.time_since_epoch()).count();
-  if (since <= 0) return now_ns();  // not stamped
+  if (since <= 0) return -1;
   if constexpr (std::is_same_v<Clock, std::chrono::steady_clock>) {
     return int64_t(since);
   } else {
@@ -220,13 +222,16 @@ void on_completion(const std::atomic<int64_t>& slot, const c10d::WorkInfo& info)
   try {
     int64_t seq = int64_t(info.seq);
     int64_t t1 = on_records_clock(info.timeFinished);
+    if (t1 < 0) t1 = now_ns();
+    int64_t t0 = on_records_clock(info.timeStarted);
+    int64_t coalesced = op == c10d::OpType::COALESCED ? 1 : 0;
     double seconds = std::chrono::duration<double>(info.activeDuration).count();
     int64_t gpu_ns = seconds >= 0 ? int64_t(std::llround(seconds * 1e9)) : -1;  // a float's seconds: to the nearest ns
-    if (report(gid, seq, t1, gpu_ns)) return;  // a DDP entry of this file, ended
+    if (!coalesced && report(gid, seq, t1, gpu_ns)) return;  // a DDP entry of this file, ended
     auto& c = completions();
     std::lock_guard<std::mutex> g(c.mu);
     if (c.items.size() < kCompletionsKept) {
-      c.items.push_back({gid, seq, t1, gpu_ns});
+      c.items.push_back({gid, seq, t1, gpu_ns, t0, coalesced});
     } else {
       ++c.dropped;
     }
@@ -264,14 +269,15 @@ std::atomic<int64_t>& hook_slot(int64_t id, const char* who) {
 
 void set_hook_group(int64_t id, int64_t gid) { hook_slot(id, "set_hook_group").store(gid, std::memory_order_release); }
 
-// Test seam: what the hook does with a completion of (gid, seq) at t1 (tests/test_native_nccl_hook.py;
-// ProcessGroupNCCL cannot exist without a GPU).
-void complete_as_hook(int64_t hook, int64_t seq, int64_t t1_ns, double gpu_seconds, int op) {
+// Test seam: what the hook does with a completion of (gid, seq), started at t0 and done at t1
+// (tests/test_native_nccl_hook.py; ProcessGroupNCCL cannot exist without a GPU).
+void complete_as_hook(int64_t hook, int64_t seq, int64_t t1_ns, double gpu_seconds, int op, int64_t t0_ns) {
   const auto& slot = hook_slot(hook, "complete_as_hook");
   // WorkInfo's clock is steady_clock in this project's torch, system_clock in older ones: built either way
   using TimePoint = decltype(std::declval<c10d::WorkInfo>().timeFinished);
   TimePoint t1{std::chrono::duration_cast<typename TimePoint::duration>(std::chrono::nanoseconds(t1_ns))};
-  c10d::WorkInfo info(static_cast<c10d::OpType>(op), uint64_t(seq), t1, t1,
+  TimePoint t0{std::chrono::duration_cast<typename TimePoint::duration>(std::chrono::nanoseconds(t0_ns))};
+  c10d::WorkInfo info(static_cast<c10d::OpType>(op), uint64_t(seq), t0, t1,
                       std::chrono::duration_cast<decltype(std::declval<c10d::WorkInfo>().activeDuration)>(
                           std::chrono::duration<double>(gpu_seconds)));
   on_completion(slot, info);
@@ -285,10 +291,11 @@ int64_t test_hook(int64_t gid) {
   return int64_t(c.slots.size()) - 1;
 }
 
-// The completions filed since the last call, [(gid, seq, t1, gpu_ns)] (gpu_ns -1: not measured), and how
-// many were dropped (the table was full: the drain had not taken them for 65 536 collectives).
+// The completions filed since the last call, [(gid, seq, t1, gpu_ns, t0, coalesced)] (gpu_ns -1: not
+// measured; t0 -1: not stamped), and how many were dropped (the table was full: the drain had not taken
+// them for 65 536 collectives).
 py::tuple take_completions() {
-  std::vector<std::array<int64_t, 4>> items;
+  std::vector<std::array<int64_t, 6>> items;
   int64_t dropped;
   {
     auto& c = completions();
@@ -300,7 +307,7 @@ py::tuple take_completions() {
   py::list out(items.size());
   for (size_t i = 0; i < items.size(); ++i) {
     const auto& it = items[i];
-    out[i] = py::make_tuple(it[0], it[1], it[2], it[3]);
+    out[i] = py::make_tuple(it[0], it[1], it[2], it[3], it[4], it[5]);
   }
   return py::make_tuple(out, dropped);
 }
@@ -690,9 +697,11 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
         "Registers the C++ completion hook on an NCCL group (timing on first), reporting as gid: its id.");
   m.def("set_hook_group", &set_hook_group, py::arg("hook"), py::arg("gid"),
         "The group id a hook reports as from now on (-1: none, completions dropped).");
-  m.def("take_completions", &take_completions, "([(gid, seq, t1, gpu_ns)] the C++ hook filed, dropped).");
+  m.def("take_completions", &take_completions,
+        "([(gid, seq, t1, gpu_ns, t0, coalesced)] the C++ hook filed, dropped).");
   m.def("complete_as_hook", &complete_as_hook, py::arg("hook"), py::arg("seq"), py::arg("t1_ns"),
-        py::arg("gpu_seconds"), py::arg("op") = 1, "Tests: what the hook does with a completion.");
+        py::arg("gpu_seconds"), py::arg("op") = 1, py::arg("t0_ns") = 0,
+        "Tests: what the hook does with a completion (t0_ns 0: not stamped).");
   m.def("test_hook", &test_hook, py::arg("gid"), "Tests: a hook slot without a process group.");
   m.def("take_dropped", &take_dropped, "Entries dropped since the last call (the done list was full).");
   m.def("set_capacity", &set_capacity, "How many completed entries wait for take() before new ones are dropped.");
