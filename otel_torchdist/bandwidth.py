@@ -2,11 +2,12 @@
 
 ``algbw = S / t`` and ``busbw = algbw * factor(kind, n)``, in GB/s (1e9 bytes per second), where ``S`` is
 nccl-tests' operation size: for all_gather and reduce_scatter the *full* gathered / pre-scatter array, for
-all_to_all the whole send buffer of one rank, for send/recv one direction.
+all_to_all the whole send buffer of one rank, for send/recv one direction, for gather and scatter the whole
+gathered / scattered array on every rank (nccl-tests' gather.cu and scatter.cu, factor ``(n-1)/n``).
+Barriers move no payload: ``S = 0`` and no bandwidth.
 
-nccl-tests has no gather or scatter test. We treat them like all_gather / reduce_scatter seen from the root
-(``S`` is the whole gathered / scattered array, factor ``(n-1)/n``), which is the fraction of ``S`` that
-must cross the root's link. Barriers move no payload: ``S = 0`` and no bandwidth.
+An all_to_all with uneven splits: ``S`` is this rank's send buffer. nccl-tests' alltoallv takes the largest
+send or receive total of any rank, which one rank cannot see; with even splits the two agree.
 """
 
 from __future__ import annotations

@@ -186,6 +186,13 @@ def all_ops(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         dist.recv_object_list(got, src=partner)
         assert got == [payload]
     expect("send_object_list" if rank % 2 == 0 else "recv_object_list", LONG + _pickled_len(payload), peer=partner)
+    if rank % 2 == 0:  # the same through batch_isend_irecv: its bytes count too
+        dist.send_object_list([payload], dst=partner, use_batch=True)
+    else:
+        got = [None]
+        dist.recv_object_list(got, src=partner, use_batch=True)
+        assert got == [payload]
+    expect("send_object_list" if rank % 2 == 0 else "recv_object_list", LONG + _pickled_len(payload), peer=partner)
 
     # coalesced
     dist.all_reduce_coalesced([t8(), t4()])

@@ -232,3 +232,79 @@ def test_the_reduce_op_is_named_as_torch_names_it():
     assert [redop_name(op) for op in (dist.ReduceOp.SUM, dist.ReduceOp.AVG, "sum", dist.ReduceOp.PREMUL_SUM(0.5))] == [
         "sum", "avg", "sum", "premul_sum",
     ]  # fmt: skip
+
+
+# ------------------------------------------------------------ call forms, on a 4-rank fake group (rank 0)
+def _fake_spans(folder: str) -> list[dict]:
+    spans = [s for s in read_spans(os.path.join(folder, "traces.rank0.jsonl")) if n.COLL_OP in s["attributes"]]
+    return sorted(spans, key=lambda s: int(s["startTimeUnixNano"]))
+
+
+def test_a_process_groups_own_overloads_keep_their_root(fake_pg, instrumented):
+    """``ProcessGroup.broadcast(tensor, root, timeout)`` / ``(tensors, opts)`` and ``scatter(output, inputs,
+    root)`` / ``(outputs, inputs, opts)``, positional or by keyword; options left out: their root, 0."""
+    from datetime import timedelta
+
+    import torch
+    import torch.distributed.distributed_c10d as c10d
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="pg-roots")
+    pg, t = fake_pg, torch.ones(8)
+    opts = c10d.BroadcastOptions()
+    opts.rootRank = 3
+    scatter_opts = c10d.ScatterOptions()
+    scatter_opts.rootRank = 1
+    for call in (
+        lambda: pg.broadcast(t, 2),
+        lambda: pg.broadcast(t, 2, timedelta(seconds=30)),
+        lambda: pg.broadcast(t, root=2),
+        lambda: pg.broadcast([t], opts),
+        lambda: pg.broadcast([t], opts=opts),
+        lambda: pg.broadcast([t]),
+        lambda: pg.scatter(torch.empty(8), [], 2),  # rank 0 is not the root: no inputs
+        lambda: pg.scatter([torch.empty(8)], [], scatter_opts),
+    ):
+        call().wait()
+    otel_torchdist.uninstrument()
+    got = [(s["name"], s["attributes"].get(n.COLL_ROOT)) for s in _fake_spans(folder)]
+    assert got == [("broadcast", 2)] * 3 + [("broadcast", 3)] * 2 + [("broadcast", 0), ("scatter", 2), ("scatter", 1)]
+
+
+def test_torchs_default_root_is_recorded(fake_pg, instrumented):
+    """gather, scatter and the object collectives without ``dst``/``src`` (or their group forms) use global rank 0."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="default-roots")
+    dist.gather(torch.ones(8), [torch.empty(8) for _ in range(4)])
+    dist.scatter(torch.empty(8), [torch.ones(8) for _ in range(4)])
+    dist.gather(torch.ones(8), [torch.empty(8) for _ in range(4)], dst=0)
+    otel_torchdist.uninstrument()
+    assert [(s["name"], s["attributes"].get(n.COLL_ROOT)) for s in _fake_spans(folder)] == [
+        ("gather", 0), ("scatter", 0), ("gather", 0),
+    ]  # fmt: skip
+
+
+def test_an_async_coalesced_call_completes_with_the_future_it_returns(fake_pg, instrumented):
+    """``all_reduce_coalesced`` / ``all_gather_coalesced`` with ``async_op=True`` return a Future, not a Work:
+    the record completes with it (it was left waiting for a Work.wait() that never came: a false hang report,
+    then ``unfinished`` at the end)."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist.capture import completion
+
+    folder = instrumented(run_id="async-coalesced")
+    fut = dist.all_reduce_coalesced([torch.ones(8), torch.ones(4)], async_op=True)
+    fut.wait()
+    fut = dist.all_gather_coalesced([[torch.empty(8)] for _ in range(4)], [torch.ones(8)], async_op=True)
+    fut.wait()
+    assert not completion.in_flight()
+    otel_torchdist.uninstrument()
+    got = [(s["name"], s["attributes"][n.COLL_END_SOURCE], s["attributes"][n.COLL_MESSAGE_SIZE]) for s in _fake_spans(folder)]
+    assert got == [("all_reduce_coalesced", "future", 48), ("all_gather_coalesced", "future", 128)]

@@ -170,6 +170,9 @@ def _inner_size(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], int]:
     def size(args: tuple, kwargs: dict) -> int:
         v = binder.bind(args, kwargs)
         probe = _new("", "", "", -1)
+        if spec.size == "batch":  # send_object_list(use_batch=True) sends through batch_isend_irecv
+            describe_batch(v[payload[0]], probe)
+            return probe[R.NBYTES]
         describe([v[i] for i in payload], probe)
         if spec.size == "times_n":
             gi = groups.info(v[ig] if ig is not None else None)
@@ -245,7 +248,7 @@ def hot_eligible(spec: OpSpec, binder: Binder) -> bool:
 def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
     binder = Binder(spec, orig)
     begin = _make_begin(spec, binder)
-    inner_size = _inner_size(spec, binder) if spec.size != "batch" else None
+    inner_size = _inner_size(spec, binder)
 
     def body(args: tuple, kwargs: dict) -> Any:
         outer = TLS.outer
@@ -405,9 +408,9 @@ def _first_tensor_list(x: Any) -> list:
     return list(x) if isinstance(x, (list, tuple)) else []
 
 
-def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple], None]) -> Callable[[Any], Callable]:
+def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple, dict], None]) -> Callable[[Any], Callable]:
     """A ``ProcessGroup`` method called directly from Python, recorded as ``op``; ``fill(rec, group info,
-    args)`` adds what the method's arguments say (peer, root, size)."""
+    args, kwargs)`` adds what the method's arguments say (peer, root, size)."""
 
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
@@ -421,7 +424,7 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple], None]) -> 
                     rec = _new(op, kind, SOURCE_PG, gi.gid)
                     describe(_first_tensor_list(args[0]), rec)
                     rec[R.ASYNC] = True
-                    fill(rec, gi, args)
+                    fill(rec, gi, args, kwargs)
                     rec[R.PARENT] = _parent_span()
             except Exception as exc:
                 health.error("capture", f"could not describe a ProcessGroup.{orig.__name__} call", exc)
@@ -448,7 +451,7 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple], None]) -> 
 def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
     """``ProcessGroup.send(tensors, dst, tag)`` / ``recv(tensors, src, tag)`` / ``recv_anysource(tensors, tag)``."""
 
-    def fill(rec: list, gi: Any, args: tuple) -> None:
+    def fill(rec: list, gi: Any, args: tuple, kwargs: dict) -> None:
         if has_peer and len(args) > 1:
             rec[R.PEER] = (None, args[1])
 
@@ -458,14 +461,19 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
 def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
     """``ProcessGroup.broadcast`` / ``scatter`` reached directly (DTensor's ``mesh_broadcast``/``mesh_scatter``)."""
 
-    def fill(rec: list, gi: Any, args: tuple) -> None:
+    # the overloads: broadcast(tensors, opts) | broadcast(tensor, root, timeout); scatter(outputs, inputs,
+    # opts) | scatter(output, inputs, root, timeout). Options left out: their default root, group rank 0.
+    at = 1 if kind == bw.BROADCAST else 2
+
+    def fill(rec: list, gi: Any, args: tuple, kwargs: dict) -> None:
         if kind == bw.SCATTER:
             rec[R.NBYTES] *= gi.size  # broadcast: the tensor; scatter: the outputs
-        opts = args[-1]
-        root = getattr(opts, "rootRank", None)
-        if root is None and len(args) == 2 and isinstance(args[1], int):
-            root = args[1]
-        rec[R.ROOT] = (None, root)
+        if isinstance(args[0], torch.Tensor):
+            root = args[at] if len(args) > at else kwargs.get("root")
+        else:
+            opts = args[at] if len(args) > at else kwargs.get("opts")
+            root = 0 if opts is None else getattr(opts, "rootRank", None)
+        rec[R.ROOT] = (None, root if isinstance(root, int) else None)
 
     return _pg_method(op, kind, fill)
 
@@ -473,7 +481,7 @@ def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
 _REDUCE_SUM = c10d.ReduceOp.SUM
 
 
-def _set_sum(rec: list, gi: Any, args: tuple) -> None:
+def _set_sum(rec: list, gi: Any, args: tuple, kwargs: dict) -> None:
     rec[R.REDOP] = _REDUCE_SUM
 
 

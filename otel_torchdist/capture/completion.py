@@ -65,10 +65,14 @@ def track(rec: list, works: list[Any]) -> None:
         return
     join = watch(rec, len(works))
     for work in works:
-        try:
-            fut = work.get_future()
-        except Exception:
-            fut = None
+        get_future = getattr(work, "get_future", None)
+        if get_future is None:  # a future already (all_reduce_coalesced(async_op=True) returns one)
+            fut = work if callable(getattr(work, "add_done_callback", None)) else None
+        else:
+            try:
+                fut = get_future()
+            except Exception:
+                fut = None
         if fut is not None:
             fut.add_done_callback(lambda f, j=join: _on_future(j, f))
         else:

@@ -38,6 +38,7 @@ class OpSpec:
     async_param: str | None = "async_op"
     redop: str | None = None
     root: tuple[str, str | None] | None = None  # (global-rank param, group-rank param)
+    root_default: int | None = None  # the global rank torch takes when neither root parameter is given
     peer: tuple[str, str | None] | None = None
     params: tuple[tuple[str, Any], ...] | None = None  # for builtins without a Python signature
 
@@ -56,12 +57,12 @@ C10D_OPS: tuple[OpSpec, ...] = (
     OpSpec("reduce_scatter_single", bw.REDUCE_SCATTER, "sum", ("input",), redop="op"),
     OpSpec("_reduce_scatter_base", bw.REDUCE_SCATTER, "sum", ("input",), redop="op"),
     OpSpec("broadcast", bw.BROADCAST, "sum", ("tensor",), root=("src", "group_src")),
-    OpSpec("broadcast_object_list", bw.BROADCAST, "inner", async_param=None, root=("src", "group_src")),
+    OpSpec("broadcast_object_list", bw.BROADCAST, "inner", async_param=None, root=("src", "group_src"), root_default=0),
     OpSpec("reduce", bw.REDUCE, "sum", ("tensor",), redop="op", root=("dst", "group_dst")),
-    OpSpec("gather", bw.GATHER, "times_n", ("tensor",), root=("dst", "group_dst")),
-    OpSpec("gather_object", bw.GATHER, "inner", async_param=None, root=("dst", "group_dst")),
-    OpSpec("scatter", bw.SCATTER, "times_n", ("tensor",), root=("src", "group_src")),
-    OpSpec("scatter_object_list", bw.SCATTER, "inner", async_param=None, root=("src", "group_src")),
+    OpSpec("gather", bw.GATHER, "times_n", ("tensor",), root=("dst", "group_dst"), root_default=0),
+    OpSpec("gather_object", bw.GATHER, "inner", async_param=None, root=("dst", "group_dst"), root_default=0),
+    OpSpec("scatter", bw.SCATTER, "times_n", ("tensor",), root=("src", "group_src"), root_default=0),
+    OpSpec("scatter_object_list", bw.SCATTER, "inner", async_param=None, root=("src", "group_src"), root_default=0),
     OpSpec("all_to_all", bw.ALL_TO_ALL, "sum", ("input_tensor_list",)),
     OpSpec("all_to_all_single", bw.ALL_TO_ALL, "sum", ("input",)),
     OpSpec("barrier", bw.BARRIER, "none"),
@@ -84,6 +85,7 @@ C10D_OPS: tuple[OpSpec, ...] = (
 )
 
 OPS_BY_NAME = {spec.name: spec for spec in C10D_OPS}
+ROOT_DEFAULTS = {spec.name: spec.root_default for spec in C10D_OPS if spec.root_default is not None}
 
 
 class Binder:

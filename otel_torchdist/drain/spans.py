@@ -7,6 +7,8 @@ from typing import Any
 from .. import bandwidth as bw
 from .. import names as n
 from ..capture import record as R
+from ..capture.c10d import SOURCE_C10D
+from ..capture.ops import ROOT_DEFAULTS
 from ..capture.context import EXTRAS, FRAMEWORK, MODULE, PARENT_TRACE, PHASE
 from ..ids import getrandbits
 from ..telemetry import Block, SpanData
@@ -89,6 +91,8 @@ def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
     if rec[R.REDOP] is not None:
         static.append((n.COLL_REDUCE_OP, redop_name(rec[R.REDOP])))
     root = _rank_of(gi, rec[R.ROOT])
+    if root is None and rec[R.ROOT] is not None and rec[R.SOURCE] == SOURCE_C10D:
+        root = ROOT_DEFAULTS.get(rec[R.OP])  # neither root parameter given: torch's default
     if root is not None:
         static.append((n.COLL_ROOT, root))
     peer = _rank_of(gi, rec[R.PEER])
