@@ -44,6 +44,11 @@ def _mlp() -> nn.Module:
     return nn.Sequential(nn.Linear(16, 64), nn.ReLU(), nn.Linear(64, 64), nn.ReLU(), nn.Linear(64, 4))
 
 
+def _sparse_mlp() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Embedding(50, 16, sparse=True), nn.Flatten(), nn.Linear(16 * 4, 4))
+
+
 def _train(model: nn.Module, steps: int, rank: int, opt=None) -> list[torch.Tensor]:
     opt = opt or torch.optim.SGD(model.parameters(), lr=0.1)
     gen = torch.Generator().manual_seed(100 + rank)
@@ -640,6 +645,20 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         with Join([model]):
             return _train(model, 2 + rank, rank)
 
+    def joined_dividing_by_the_ranks_left(model):  # DDP then divides by the ranks not yet joined
+        with Join([model], divide_by_initial_world_size=False):
+            return _train(model, 2 + rank, rank)
+
+    def sparse(model):  # an embedding's sparse gradient: the reducer divides it (dense ones: times 1/n)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        gen = torch.Generator().manual_seed(100 + rank)
+        for _ in range(3):
+            loss = model(torch.randint(0, 50, (8, 4), generator=gen)).square().mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+        return [p.detach().clone() for p in model.parameters()]
+
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     variants = {
         "no hook": lambda: DDP(_mlp(), bucket_cap_mb=0.01),
@@ -648,8 +667,14 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         "find_unused_parameters": lambda: DDP(_mlp(), bucket_cap_mb=0.01, find_unused_parameters=True),
         "static_graph": lambda: DDP(_mlp(), bucket_cap_mb=0.01, static_graph=True),
         "Join, uneven inputs": lambda: DDP(_mlp(), bucket_cap_mb=0.01, find_unused_parameters=True),
+        "Join, divided by the ranks left": lambda: DDP(_mlp(), bucket_cap_mb=0.01),
+        "sparse gradients": lambda: DDP(_sparse_mlp()),
     }
-    trainers = {"Join, uneven inputs": joined}
+    trainers = {
+        "Join, uneven inputs": joined,
+        "Join, divided by the ranks left": joined_dividing_by_the_ranks_left,
+        "sparse gradients": sparse,
+    }
 
     def train(name, model):
         return trainers[name](model) if name in trainers else _train(model, 3, rank)

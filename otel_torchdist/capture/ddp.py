@@ -3,7 +3,9 @@
 DDP's reducer issues the gradient all-reduces from C++, where no Python patch reaches. On gloo, with the
 native part built, its reducer is handed the native process group instead (ddp_native.py: no comm hook,
 DDP's own bucket path kept). Otherwise each DDP built while instrumented gets a trampoline comm hook. By default it does what DDP does without a hook
-(``no_hook_allreduce``: scale by the reciprocal of the group size, all-reduce; bit-identical parameters)
+(``no_hook_allreduce``: scale by the reciprocal of the group size, or by the ranks not yet joined under
+``Join(divide_by_initial_world_size=False)``, and divide a sparse gradient, then all-reduce;
+bit-identical parameters but for docs/training-paths.md's one case)
 and records the bucket itself: the record carries the framework context (framework ``ddp``,
 phase ``backward``, the bucket's index, bytes, parameter count and whether it is the last) and ends in the
 callback that hands the reduced bucket back to DDP. That is one Python callback per bucket on the
@@ -27,6 +29,7 @@ gauges, and ``find_unused_parameters=True`` with nothing ever unused raises a ``
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 import sys
@@ -75,7 +78,10 @@ SOURCE = "ddp_hook"
 class _Trampoline:
     """The comm hook state the reducer holds: which hook to run, on which state."""
 
-    __slots__ = ("inner_hook", "inner_state", "user_hook_registered", "ddp", "model", "contexts", "buckets", "__weakref__")
+    __slots__ = (
+        "inner_hook", "inner_state", "user_hook_registered", "ddp", "model", "contexts", "buckets", "join_work",
+        "divisor", "__weakref__",
+    )  # fmt: skip
 
     def __init__(self, ddp: Any) -> None:
         self.inner_hook = no_hook_allreduce
@@ -88,6 +94,10 @@ class _Trampoline:
         # bucket's context); the default hook's: id of the bucket's buffer -> _Bucket.
         self.contexts: dict[tuple, tuple] = {}
         self.buckets: dict[int, _Bucket] = {}
+        # Under Join(divide_by_initial_world_size=False) DDP divides by the ranks not yet joined, which the
+        # forward's join all-reduce counts (its work, until the backward reads it; then the count)
+        self.join_work: Any = None
+        self.divisor: int | None = None
 
 
 # True while instrumented (patches() sets it): a trampoline outlives uninstrument() on its model, and must
@@ -101,10 +111,62 @@ def no_hook_allreduce(process_group: Any, bucket: dist.GradBucket) -> torch.futu
     ``1.0 / world size``) and only when no hook is registered; ``default_hooks.allreduce_hook`` divides
     instead, which for group sizes that are not powers of two differs in the last bit of about a third of
     the values, so the trampoline would change a job's numbers if it ran that one."""
+    return _no_hook_allreduce(process_group, bucket, None)
+
+
+def _no_hook_allreduce(process_group: Any, bucket: dist.GradBucket, state: _Trampoline | None) -> torch.futures.Future[torch.Tensor]:
     group = process_group if process_group is not None else c10d._get_default_group()
     tensor = bucket.buffer()
-    tensor.mul_(1.0 / group.size())
+    _scale(tensor, _divisor(state, group.size()))
     return dist.all_reduce(tensor, group=group, async_op=True).get_future().then(_first)
+
+
+def _scale(tensor: torch.Tensor, divisor: int) -> None:
+    """As the reducer scales a bucket without a hook: dense gradients multiplied by the reciprocal as they are
+    copied in, a sparse one divided (``Reducer::mark_variable_ready_sparse``)."""
+    if tensor.is_sparse:
+        tensor.div_(divisor)
+    else:
+        tensor.mul_(1.0 / divisor)
+
+
+def _divisor(state: _Trampoline | None, size: int) -> int:
+    """What the reducer divides a bucket by: the group's size, or under ``Join(divide_by_initial_world_size=
+    False)`` the ranks not yet joined, as the forward's join all-reduce counted them
+    (``Reducer::set_divide_factor``)."""
+    if state is None:
+        return size
+    work = state.join_work
+    if work is not None:
+        state.join_work = None
+        try:
+            work.wait()
+            state.divisor = int(work.get_future().value()[0].item())
+        except Exception as exc:
+            health.error("ddp", "could not read how many ranks have not joined; DDP's buckets are divided by the group size", exc)
+            state.divisor = None
+    return state.divisor or size
+
+
+def _wrap_notify_join(orig: Any) -> Any:
+    """``Join.notify_join_context``: a DDP under ``Join(divide_by_initial_world_size=False)`` keeps its join
+    all-reduce's work for its backward's divisor (``_divisor``)."""
+    notify = orig.__func__ if isinstance(orig, staticmethod) else orig
+
+    def notify_join_context(joinable: Any) -> Any:
+        work = notify(joinable)
+        if _LIVE:
+            try:
+                state = _state.get(joinable)
+                if state is not None:
+                    dynamic = work is not None and not getattr(joinable, "_divide_by_initial_world_size", True)
+                    state.join_work, state.divisor = (work if dynamic else None), None
+            except Exception as exc:
+                health.error("ddp", "could not follow DDP's Join", exc)
+        return work
+
+    notify_join_context.__wrapped__ = notify
+    return staticmethod(notify_join_context)
 
 
 def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
@@ -141,7 +203,7 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
         return _general(state, bucket)
     # Scaled before the all-reduce, as DDP and its hooks do, so that fp16 sums do not overflow.
     if inner is no_hook_allreduce:
-        tensor.mul_(facts.scale)
+        _scale(tensor, _divisor(state, facts.size))
     else:
         tensor.div_(facts.size)
     rec[_T_START] = perf_counter_ns()
@@ -166,17 +228,21 @@ def otel_torchdist_ddp_hook(state: _Trampoline, bucket: dist.GradBucket) -> torc
 def _general(state: _Trampoline, bucket: dist.GradBucket) -> torch.futures.Future[torch.Tensor]:
     """The registered hook (or torch's, for buckets the default path does not take) in the bucket's context;
     after uninstrument(), the hook alone."""
+    if state.inner_hook is no_hook_allreduce:
+        hook, hook_state = functools.partial(_no_hook_allreduce, state=state), state.inner_state
+    else:
+        hook, hook_state = state.inner_hook, state.inner_state
     if not _LIVE:
-        return state.inner_hook(state.inner_state, bucket)
+        return hook(hook_state, bucket)
     try:
         buffer = bucket.buffer()
         token = R.TLS.ctx
         R.TLS.ctx = _bucket_context(state, bucket, buffer.numel() * buffer.element_size())
     except Exception as exc:
         health.error("ddp", "could not describe a DDP bucket", exc)
-        return state.inner_hook(state.inner_state, bucket)
+        return hook(hook_state, bucket)
     try:
-        return state.inner_hook(state.inner_state, bucket)
+        return hook(hook_state, bucket)
     finally:
         R.TLS.ctx = token
 
@@ -230,12 +296,11 @@ class _Bucket:
     life of a bucket layout; the Python tensor wrapping it is the same object every step (PyTorch keeps a
     tensor's Python object alive with the tensor), so its id is the key and a weak reference confirms it."""
 
-    __slots__ = ("ref", "base", "group", "info", "size", "scale", "template")
+    __slots__ = ("ref", "base", "group", "info", "size", "template")
 
     def __init__(self, tensor: torch.Tensor, base: Any, group: Any, info: Any, template: list) -> None:
         self.ref = weakref.ref(tensor)
         self.base, self.group, self.info, self.size, self.template = base, group, info, group.size(), template
-        self.scale = 1.0 / self.size
 
 
 def _bucket(state: _Trampoline, bucket: dist.GradBucket, group: Any, tensor: torch.Tensor) -> _Bucket | None:
@@ -596,6 +661,7 @@ def _read_logging_data(ddp: Any) -> None:
 
 
 def patches() -> list[Patch]:
+    from torch.distributed.algorithms.join import Join
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     return [
@@ -608,6 +674,7 @@ def patches() -> list[Patch]:
         Patch(DDP, "_sync_buffers", _wrap_sync_buffers),
         Patch(DDP, "_match_unused_params_allreduce", _wrap_match_unused),
         Patch(DDP, "_match_all_reduce_for_bwd_pass", _wrap_match_all_reduce),
+        Patch(Join, "notify_join_context", _wrap_notify_join),
     ]
 
 
