@@ -140,3 +140,80 @@ def test_broadcast_root_is_a_rank_of_the_group(instrumented):
         assert bc["attributes"][n.COLL_ROOT] == 3
     finally:
         dist.destroy_process_group()
+
+
+def test_meshes_equal_over_different_groups_keep_their_own_group(fake_pg, instrumented):
+    """A DeviceMesh equals another over the same ranks whatever process groups it holds: each call is
+    still filed under its own mesh's group, with that group's sequence numbers."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+
+    folder = instrumented()
+    pg_a = dist.new_group([0, 1, 2, 3], group_desc="pg_a")
+    pg_b = dist.new_group([0, 1, 2, 3], group_desc="pg_b")
+    mesh_a, mesh_b = DeviceMesh.from_group(pg_a, "cpu"), DeviceMesh.from_group(pg_b, "cpu")
+    assert mesh_a == mesh_b  # torch's equality: ranks, layout, device, names
+    funcol.all_reduce(torch.ones(8), "sum", mesh_a).wait()
+    funcol.all_reduce(torch.ones(8), "sum", mesh_b).wait()
+    first = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    second = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    assert first == second and first.get_group(1) is not second.get_group(1)
+    funcol.all_reduce(torch.ones(8), "sum", (first, 1)).wait()  # DTensor's (mesh, dim) form
+    funcol.all_reduce(torch.ones(8), "sum", (second, 1)).wait()
+    names = [s["attributes"][n.COLL_GROUP_NAME] for s in _spans(folder)]
+    expected = [g.group_name for g in (pg_a, pg_b, first.get_group(1), second.get_group(1))]
+    assert names == expected
+
+
+def test_a_failed_wait_ends_its_record_with_the_error(fake_pg, instrumented):
+    """The wait raises (a peer gone, a timeout): the exception reaches the caller and the record carries it.
+    (The fake backend's works cannot fail: torch's wait_tensor is stood in for by one that raises, wrapped as
+    the library wraps it.)"""
+    folder = instrumented()
+    out = funcol.all_reduce(torch.ones(8), "sum", fake_pg)
+
+    def timed_out(tensor):
+        raise RuntimeError("Timed out waiting 3000ms for recv operation to complete")
+
+    with pytest.raises(RuntimeError, match="Timed out"):
+        capture._wrap_wait(timed_out)(out.elem)
+    assert not capture._pending
+    (span,) = _spans(folder)
+    assert span["attributes"][n.COLL_END_SOURCE] == "wait"
+    assert span["status"]["code"] in (2, "STATUS_CODE_ERROR") and "Timed out" in span["status"]["message"]
+
+
+def test_a_traced_call_runs_no_collective_and_makes_no_record(fake_pg, instrumented):
+    """Under fake tensors (a memory or runtime estimate) or make_fx, funcol runs no collective."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    folder = instrumented()
+    with FakeTensorMode():
+        funcol.all_reduce(torch.ones(1024), "sum", fake_pg)
+    make_fx(lambda x: funcol.all_gather_single(x, 0, fake_pg) + 1)(torch.ones(16))
+    funcol.all_reduce(torch.ones(4), "sum", fake_pg).wait()  # and a real one
+    assert [(s["name"], s["attributes"][n.COLL_MESSAGE_SIZE]) for s in _spans(folder)] == [("all_reduce", 16)]
+
+
+def test_on_a_gpu_backend_the_record_does_not_end_at_the_wait(fake_pg, instrumented):
+    """On NCCL, wait_tensor only makes the stream wait: the record is filed for the completion hook (and
+    ended by its report), or ends at enqueue where there is none. (The fake group stands in for an NCCL one:
+    its completion kind is set as attach() sets an NCCL group's.)"""
+    from otel_torchdist.capture import groups, nccl
+
+    folder = instrumented()
+    gi = groups.info(fake_pg)
+    gi.completion = groups.COMPLETION_NCCL_HOOK
+    try:
+        out = funcol.all_reduce(torch.ones(8), "sum", fake_pg)
+        assert not capture._pending and len(gi.pending) == 1
+        out.wait()  # not its end
+        (seq,) = gi.pending
+        nccl._join(gi, seq, 70_000, time.perf_counter_ns(), None)
+        gi.completion = groups.COMPLETION_ENQUEUE
+        funcol.all_reduce(torch.ones(8), "sum", fake_pg).wait()
+    finally:
+        gi.completion = groups.COMPLETION_FUTURE
+    ends = [(s["attributes"][n.COLL_END_SOURCE], s["attributes"][n.COLL_DURATION]) for s in _spans(folder)]
+    assert [e for e, _ in ends] == ["nccl_completion_hook", "enqueue"] and ends[0][1] == pytest.approx(70e-6)

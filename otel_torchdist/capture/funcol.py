@@ -38,7 +38,8 @@ from .. import bandwidth as bw
 from .. import health
 from .. import names as n
 from ..patching import Patch
-from . import caller, groups
+from . import c10d as c10d_capture
+from . import caller, groups, nccl
 from . import record as R
 from .context import on_stack
 from .c10d import _is_compiling, _parent_span
@@ -82,10 +83,12 @@ _SPECS: dict[str, tuple[str, str, str, str | None, str | None]] = {
 # fresh (not yet handed to the caller, so no wait can name it) and popped by the wait or by the storage's own
 # death, and an address is reused only after its storage's weakref callback has run.
 _pending: dict[int, tuple[Any, list, _Join | None]] = {}
-# A call's group argument (object or name) -> GroupInfo. Emptied when a group is forgotten: a destroyed group
-# must not be held here, nor its name, which the next group may take, find the old GroupInfo.
-_group_cache: dict[Any, Any] = {}
+# A call's group argument (object or name; a DeviceMesh by identity: _cache_key) -> (GroupInfo, the argument,
+# held so that an identity key is not reused). Emptied when a group is forgotten: a destroyed group must not
+# be held here, nor its name, which the next group may take, find the old GroupInfo.
+_group_cache: dict[Any, tuple[Any, Any]] = {}
 groups.on_forget(_group_cache.clear)
+_MESH: type | None = None  # DeviceMesh while instrumented (patches())
 _Tensor = torch.Tensor
 _BY_ID = groups.BY_ID
 _TLS = R.TLS
@@ -95,12 +98,30 @@ _QUEUE = R.QUEUE
 _limit = R._limit
 _T_START, _T_END, _END, _EXTRA, _GROUP, _SEQ = R.T_START, R.T_END, R.END, R.EXTRA, R.GROUP, R.SEQ
 _END_WAIT = n.END_WAIT
+_COMPLETION_FUTURE = groups.COMPLETION_FUTURE
+
+
+def tracing() -> bool:
+    """Whether torch is tracing rather than running (funcol's own test while instrumented: patches())."""
+    return False
 
 
 class _StorageRef(weakref.ref):
     """A weak reference to an output's storage that knows its key: one module-level callback serves all."""
 
     __slots__ = ("key",)
+
+
+def _cache_key(group: Any) -> Any:
+    """What ``group`` is cached under: a DeviceMesh equals any other over the same ranks and dimension names
+    whatever process groups it holds (two ``DeviceMesh.from_group`` over one set of ranks, two
+    ``init_device_mesh`` of one shape), so a mesh, alone or with its dimension, is taken by identity."""
+    cls = group.__class__
+    if cls is tuple and len(group) == 2 and group[0].__class__ is _MESH:
+        return (id(group[0]), group[1])
+    if cls is _MESH:
+        return id(group)
+    return group
 
 
 def _group_info(funcol: Any, group: Any, tag: str) -> groups.GroupInfo | None:
@@ -112,7 +133,7 @@ def _group_info(funcol: Any, group: Any, tag: str) -> groups.GroupInfo | None:
     gi = groups.info(resolved)
     try:
         if gi is not None:
-            _group_cache[group] = gi
+            _group_cache[_cache_key(group)] = (gi, group)
     except TypeError:  # a list of ranks: unhashable, resolved every time
         pass
     return gi
@@ -132,9 +153,10 @@ def _make_begin(name: str, funcol: Any, orig: Callable) -> Callable[[tuple, dict
         count = len(args)
         group = args[ig] if count > ig else kwargs.get("group")
         try:
-            gi = _group_cache.get(group)
+            cached = _group_cache.get(_cache_key(group))
         except TypeError:
-            gi = None
+            cached = None
+        gi = cached[0] if cached is not None else None
         if gi is None:
             gi = _group_info(funcol, group, args[it] if count > it else kwargs.get("tag", ""))
             if gi is None:
@@ -172,7 +194,8 @@ def _wrap(name: str, funcol: Any):
 
         @functools.wraps(orig)
         def wrapper(*args, **kwargs):
-            if not _LIVE or _is_compiling() or _TLS.outer is not None:
+            # traced (fake tensors, make_fx, a proxy mode): torch runs no collective
+            if not _LIVE or _is_compiling() or _TLS.outer is not None or tracing():
                 return orig(*args, **kwargs)
             try:
                 rec = begin(args, kwargs)
@@ -199,7 +222,10 @@ def _wrap(name: str, funcol: Any):
             try:
                 gi = _BY_ID[rec[_GROUP]]
                 rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-                if result.__class__ is acs_type:
+                completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+                if completion != _COMPLETION_FUTURE:
+                    _without_wait(gi, rec, completion)
+                elif result.__class__ is acs_type:
                     _pend(result.elem.untyped_storage(), rec, None)  # the common case, one output
                 else:
                     _finish(rec, result, acs_type)
@@ -211,6 +237,15 @@ def _wrap(name: str, funcol: Any):
         return wrapper
 
     return make
+
+
+def _without_wait(gi: groups.GroupInfo, rec: list, completion: str) -> None:
+    """A GPU backend: ``wait_tensor`` only makes the current stream wait, so its return says nothing of the
+    collective's end. NCCL's completion hook ends the record (nccl.py), or nothing can: it ends at enqueue."""
+    if completion == groups.COMPLETION_NCCL_HOOK:
+        nccl.expect(gi, rec)
+    else:
+        R.complete(rec, n.END_ENQUEUE)
 
 
 def _finish(rec: list, result: Any, acs_type: type) -> None:
@@ -282,7 +317,11 @@ def _wrap_wait(orig):
         if not _pending or _is_compiling():
             return orig(tensor)
         t0 = perf_counter_ns()
-        result = orig(tensor)
+        try:
+            result = orig(tensor)
+        except BaseException as exc:
+            _failed(tensor, exc)
+            raise
         t_end = perf_counter_ns()
         try:
             hit = _pending.pop(tensor.untyped_storage()._cdata, None)
@@ -307,6 +346,18 @@ def _wrap_wait(orig):
     return wait_tensor
 
 
+def _failed(tensor: Any, exc: BaseException) -> None:
+    """The wait raised (a peer gone, a timeout): the collective's record ends with the error."""
+    try:
+        hit = _pending.pop(tensor.untyped_storage()._cdata, None)
+        if hit is not None:
+            if hit[1][R.ERROR] is None:
+                hit[1][R.ERROR] = R.error_info(exc)
+            end(hit, _END_WAIT)
+    except Exception as error:
+        health.error("completion", "could not end a failed functional collective record", error)
+
+
 def flush_unfinished() -> None:
     while True:
         try:
@@ -321,7 +372,10 @@ def patches() -> list[Patch]:
         import torch.distributed._functional_collectives as funcol
     except ImportError:
         return []
-    out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True)]
+    from torch.distributed.device_mesh import DeviceMesh
+
+    out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True), Patch(sys.modules[__name__], "_MESH", lambda _: DeviceMesh)]
+    out.append(Patch(sys.modules[__name__], "tracing", lambda _: funcol._are_we_tracing))
     out += [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
     out.append(Patch(funcol, "wait_tensor", _wrap_wait))
     _ = torch  # the module import above needs torch.distributed initialised as a package
