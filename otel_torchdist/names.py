@@ -115,6 +115,7 @@ COLLECTIVE_SPAN_NAMES = (
     "all_gather_into_tensor_coalesced",
     "reduce_scatter_tensor_coalesced",
     "permute_tensor",
+    "shard_dim_alltoall",  # DTensor's Shard(i) -> Shard(j) off CPU (a C++ op of its own)
     # compiled graphs (deep capture), by the functional op
     "all_gather_into_tensor",
 )

@@ -217,3 +217,42 @@ def test_on_a_gpu_backend_the_record_does_not_end_at_the_wait(fake_pg, instrumen
         gi.completion = groups.COMPLETION_FUTURE
     ends = [(s["attributes"][n.COLL_END_SOURCE], s["attributes"][n.COLL_DURATION]) for s in _spans(folder)]
     assert [e for e, _ in ends] == ["nccl_completion_hook", "enqueue"] and ends[0][1] == pytest.approx(70e-6)
+
+
+def test_dtensors_shard_to_shard_off_cpu_is_recorded(fake_pg, instrumented):
+    """``Shard(i) -> Shard(j)`` on a GPU mesh calls ``torch.ops._dtensor.shard_dim_alltoall``, a C++ op that
+    reaches no function of funcol's. (A mesh of the fake group stands in for a GPU one: its device type is
+    set to cuda, which is all that picks the op's path; the op itself runs on the fake group.)"""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.tensor import Shard, _collective_utils, placement_types
+
+    folder = instrumented()
+    mesh = DeviceMesh.from_group(fake_pg, "cpu")
+    mesh._device_type = "cuda"
+    for module in (placement_types, _collective_utils):  # placements hold it by name
+        assert hasattr(module.shard_dim_alltoall, "__otel_torchdist_wrapped__")
+    out = Shard(0)._to_new_shard_dim(torch.ones(8, 4), mesh, 0, [32, 4], 1)
+    assert tuple(out.shape) == (32, 1)
+    cpu = DeviceMesh.from_group(fake_pg, "cpu")  # on CPU torch all-gathers through funcol instead
+    _collective_utils.shard_dim_alltoall(torch.ones(8, 4), 0, 1, cpu, 0)
+    got = [(s["name"], s["attributes"][n.COLL_KIND], s["attributes"][n.COLL_MESSAGE_SIZE], s["attributes"][n.COLL_END_SOURCE])
+           for s in _spans(folder)]  # fmt: skip
+    assert got == [("shard_dim_alltoall", "all_to_all", 128, "return"), ("all_gather_single", "all_gather", 512, "wait")]
+
+
+def test_deep_mode_on_a_gpu_backend_does_not_end_at_the_wait(fake_pg, instrumented):
+    """The deep mode (compiled graphs' functional ops) files its NCCL records for the completion hook too.
+    (The fake group stands in for an NCCL one, as above.)"""
+    from otel_torchdist.capture import groups
+
+    folder = instrumented()
+    gi = groups.info(fake_pg)
+    gi.completion = groups.COMPLETION_ENQUEUE
+    try:
+        with otel_torchdist.deep_capture():
+            out = torch.ops._c10d_functional.all_reduce(torch.ones(8), "sum", fake_pg.group_name)
+            torch.ops._c10d_functional.wait_tensor(out)
+    finally:
+        gi.completion = groups.COMPLETION_FUTURE
+    assert not capture._pending
+    assert [(s["attributes"][n.COLL_SOURCE], s["attributes"][n.COLL_END_SOURCE]) for s in _spans(folder)] == [("deep", "enqueue")]

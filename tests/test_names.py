@@ -22,7 +22,7 @@ def test_collective_span_names_are_frozen():
         "send_object_list", "recv_object_list", "batch_isend_irecv", "all_gather_tensor",
         "all_gather_single_autograd", "all_gather_tensor_autograd", "reduce_scatter_single_autograd",
         "reduce_scatter_tensor_autograd", "all_to_all_single_autograd", "all_gather_into_tensor_coalesced",
-        "reduce_scatter_tensor_coalesced", "permute_tensor", "all_gather_into_tensor",
+        "reduce_scatter_tensor_coalesced", "permute_tensor", "shard_dim_alltoall", "all_gather_into_tensor",
     }  # fmt: skip
 
 

@@ -25,6 +25,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 from .. import bandwidth as bw
 from .. import health
 from .. import names as n
+from . import c10d as c10d_capture
 from . import funcol, groups
 from . import record as R
 from .context import on_stack
@@ -122,6 +123,10 @@ def _begin(name: str, spec: tuple[str, int, bool], args: tuple) -> list | None:
 def _pending(rec: list, out: Any) -> None:
     gi = groups.BY_ID[rec[R.GROUP]]
     rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
+    completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+    if completion != groups.COMPLETION_FUTURE:
+        funcol._without_wait(gi, rec, completion)  # a GPU's wait_tensor only orders the stream
+        return
     tensors = [t for t in (out if isinstance(out, (list, tuple)) else [out]) if isinstance(t, torch.Tensor)]
     if not tensors:
         R.complete(rec, n.END_RETURN)
@@ -133,8 +138,15 @@ def _pending(rec: list, out: Any) -> None:
 
 def _wait(func, args, kwargs):
     t0 = perf_counter_ns()
-    out = func(*args, **kwargs)
     tensor = args[0] if args else kwargs.get("tensor")
+    try:
+        out = func(*args, **kwargs)
+    except BaseException as exc:
+        hit = funcol._pending.pop(id(tensor), None)
+        if hit is not None:
+            hit[1][R.ERROR] = hit[1][R.ERROR] or R.error_info(exc)
+            funcol.end(hit, n.END_WAIT)
+        raise
     hit = funcol._pending.pop(id(tensor), None)
     if hit is not None:
         if hit[0]() is tensor:

@@ -239,6 +239,56 @@ def _wrap(name: str, funcol: Any):
     return make
 
 
+def _wrap_shard_dim_alltoall(orig: Callable) -> Callable:
+    """DTensor's ``Shard(i) -> Shard(j)`` off CPU: ``torch.ops._dtensor.shard_dim_alltoall``, a C++ op that
+    all-to-alls through the group itself (no function of funcol's on the way) and returns complete. On CPU
+    torch all-gathers through funcol instead, which records it as what it is."""
+    import torch.distributed._functional_collectives as funcol
+
+    @functools.wraps(orig)
+    def shard_dim_alltoall(input, gather_dim, shard_dim, mesh, mesh_dim):
+        if not _LIVE or _is_compiling() or _TLS.outer is not None or tracing() or mesh.device_type == "cpu":
+            return orig(input, gather_dim, shard_dim, mesh, mesh_dim)
+        try:
+            group = (mesh, mesh_dim)
+            cached = _group_cache.get(_cache_key(group))
+            gi = cached[0] if cached is not None else _group_info(funcol, group, "")
+            rec = None
+            if gi is not None:
+                rec = R.new("shard_dim_alltoall", bw.ALL_TO_ALL, SOURCE, gi.gid)
+                describe((input,), rec)  # S: the send buffer, as for any all_to_all
+                rec[R.PARENT] = _parent_span()
+        except Exception as exc:
+            health.error("capture", "could not describe a shard_dim_alltoall", exc)
+            rec = None
+        if rec is None:
+            return orig(input, gather_dim, shard_dim, mesh, mesh_dim)
+        on_stack(rec)
+        _TLS.outer = rec
+        rec[_T_START] = perf_counter_ns()
+        try:
+            result = orig(input, gather_dim, shard_dim, mesh, mesh_dim)
+        except BaseException as exc:
+            _TLS.outer = None
+            rec[R.ERROR] = R.error_info(exc)
+            R.complete(rec, n.END_RETURN)
+            raise
+        _TLS.outer = None
+        try:
+            rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
+            completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+            if completion == _COMPLETION_FUTURE:
+                R.complete(rec, n.END_RETURN)  # the op waited for its work
+            else:
+                _without_wait(gi, rec, completion)
+        except Exception as exc:
+            health.error("capture", "could not complete a shard_dim_alltoall record", exc)
+        return result
+
+    shard_dim_alltoall.__otel_torchdist_wrapped__ = orig
+    return shard_dim_alltoall
+
+
 def _without_wait(gi: groups.GroupInfo, rec: list, completion: str) -> None:
     """A GPU backend: ``wait_tensor`` only makes the current stream wait, so its return says nothing of the
     collective's end. NCCL's completion hook ends the record (nccl.py), or nothing can: it ends at enqueue."""
@@ -378,5 +428,13 @@ def patches() -> list[Patch]:
     out.append(Patch(sys.modules[__name__], "tracing", lambda _: funcol._are_we_tracing))
     out += [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
     out.append(Patch(funcol, "wait_tensor", _wrap_wait))
+    try:
+        from torch.distributed.tensor import _collective_utils
+    except ImportError:
+        return out
+    from .dtensor import _binding_patches
+
+    # placement_types holds it by name, as imported
+    out += _binding_patches(_collective_utils.shard_dim_alltoall, "shard_dim_alltoall", _wrap_shard_dim_alltoall)
     _ = torch  # the module import above needs torch.distributed initialised as a package
     return out
