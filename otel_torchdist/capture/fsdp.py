@@ -154,7 +154,6 @@ def _wrap_runtime_fn(action: str):
 def _wrap_fsdp1_init(orig):
     def __init__(self, module, *args, **kwargs):
         t_start = perf_counter_ns()
-        unsharded = {id(p): p.numel() for p in module.parameters()}
         orig(self, module, *args, **kwargs)
         try:
             # Names of the units below this one, relative to it (FSDP's own FQNs, as FSDP2 names its
@@ -167,9 +166,12 @@ def _wrap_fsdp1_init(orig):
                     clean = clean.removesuffix("_fsdp_wrapped_module").rstrip(".")
                     _fsdp1_names[inner] = f"{root_name}.{clean}" if clean else root_name  # a full path
             handle = getattr(self, "_handle", None)
-            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, sum(unsharded.values()))]
+            # the unit's own parameters, unsharded (its handle's), as FSDP2's groups count theirs: not those of
+            # the units inside it, whether auto-wrapped or wrapped before it (then already sharded)
+            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, 0)]
             if handle is not None:
                 flat = handle.flat_param
+                attrs[1] = (n.SHARD_PARAMS, sum(flat._numels))
                 attrs += [
                     (n.SHARD_ORIGINAL_SHAPES, tuple(_shape(s) for s in flat._shapes[:_MAX_SHAPES])),
                     (n.SHARD_SHARDED_SHAPES, (_shape(flat.shape),)),
