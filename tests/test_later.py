@@ -60,20 +60,23 @@ dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 assert "torch.distributed.fsdp" not in sys.modules and "torch.distributed.tensor" not in sys.modules
 otel_torchdist.instrument(run_dir=tempfile.mkdtemp(), summary="none", system_metrics=False,
                           traces_exporter="file", metrics_exporter=("file",))
+assert "torch.distributed.fsdp" not in sys.modules and "torch.distributed.tensor" not in sys.modules, "imported"
 from torch.distributed.fsdp._fully_shard._fsdp_param_group import FSDPParamGroup
 import torch.distributed.tensor as t
+import torch.distributed.tensor.placement_types as pt
 ours = lambda f: "otel_torchdist" in f.__code__.co_filename
-print(ours(FSDPParamGroup.unshard), ours(t.DTensor.redistribute))
+print(ours(FSDPParamGroup.unshard), ours(t.DTensor.redistribute), ours(pt.shard_dim_alltoall))
 otel_torchdist.uninstrument()
-print(ours(FSDPParamGroup.unshard), ours(t.DTensor.redistribute))
+print(ours(FSDPParamGroup.unshard), ours(t.DTensor.redistribute), ours(pt.shard_dim_alltoall))
 """
 
 
 def test_fsdp_and_dtensor_captures_wait_for_their_import_and_leave_with_uninstrument():
     """A program that imports FSDP and DTensor only after instrument() (they cost a second of imports, so
-    their captures are not installed before) gets them captured, and uninstrument() restores them."""
+    instrument() does not import them, and their captures wait) gets them captured, and uninstrument()
+    restores them."""
     import subprocess
 
     done = subprocess.run([sys.executable, "-c", PROGRAM], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    assert done.stdout.split() == ["True", "True", "False", "False"]
+    assert done.stdout.split() == ["True", "True", "True", "False", "False", "False"]

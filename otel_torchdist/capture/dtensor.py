@@ -257,4 +257,10 @@ def patches() -> list[Patch]:
         _traced(n.SPAN_PARALLELIZE_MODULE, _describe_parallelize, _track_module),
     )
     out.append(Patch(api.DTensor, "redistribute", _traced(n.SPAN_REDISTRIBUTE, _describe_redistribute)))
+    from torch.distributed.tensor import _collective_utils
+
+    from . import funcol
+
+    # a collective of its own off CPU (funcol.wrap_shard_dim_alltoall); placement_types holds it by name
+    out += _binding_patches(_collective_utils.shard_dim_alltoall, "shard_dim_alltoall", funcol.wrap_shard_dim_alltoall)
     return out

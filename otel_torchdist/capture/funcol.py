@@ -88,7 +88,6 @@ _pending: dict[int, tuple[Any, list, _Join | None]] = {}
 # be held here, nor its name, which the next group may take, find the old GroupInfo.
 _group_cache: dict[Any, tuple[Any, Any]] = {}
 groups.on_forget(_group_cache.clear)
-_MESH: type | None = None  # DeviceMesh while instrumented (patches())
 _Tensor = torch.Tensor
 _BY_ID = groups.BY_ID
 _TLS = R.TLS
@@ -117,9 +116,9 @@ def _cache_key(group: Any) -> Any:
     whatever process groups it holds (two ``DeviceMesh.from_group`` over one set of ranks, two
     ``init_device_mesh`` of one shape), so a mesh, alone or with its dimension, is taken by identity."""
     cls = group.__class__
-    if cls is tuple and len(group) == 2 and group[0].__class__ is _MESH:
+    if cls is tuple and len(group) == 2:  # (mesh, dim)
         return (id(group[0]), group[1])
-    if cls is _MESH:
+    if cls.__name__ == "DeviceMesh":  # not imported here: DTensor's imports wait for the program's (runtime)
         return id(group)
     return group
 
@@ -239,10 +238,11 @@ def _wrap(name: str, funcol: Any):
     return make
 
 
-def _wrap_shard_dim_alltoall(orig: Callable) -> Callable:
+def wrap_shard_dim_alltoall(orig: Callable) -> Callable:
     """DTensor's ``Shard(i) -> Shard(j)`` off CPU: ``torch.ops._dtensor.shard_dim_alltoall``, a C++ op that
     all-to-alls through the group itself (no function of funcol's on the way) and returns complete. On CPU
-    torch all-gathers through funcol instead, which records it as what it is."""
+    torch all-gathers through funcol instead, which records it as what it is. (Installed with DTensor's
+    capture, when the program imports DTensor: dtensor.patches.)"""
     import torch.distributed._functional_collectives as funcol
 
     @functools.wraps(orig)
@@ -422,19 +422,9 @@ def patches() -> list[Patch]:
         import torch.distributed._functional_collectives as funcol
     except ImportError:
         return []
-    from torch.distributed.device_mesh import DeviceMesh
-
-    out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True), Patch(sys.modules[__name__], "_MESH", lambda _: DeviceMesh)]
+    out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True)]
     out.append(Patch(sys.modules[__name__], "tracing", lambda _: funcol._are_we_tracing))
     out += [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
     out.append(Patch(funcol, "wait_tensor", _wrap_wait))
-    try:
-        from torch.distributed.tensor import _collective_utils
-    except ImportError:
-        return out
-    from .dtensor import _binding_patches
-
-    # placement_types holds it by name, as imported
-    out += _binding_patches(_collective_utils.shard_dim_alltoall, "shard_dim_alltoall", _wrap_shard_dim_alltoall)
     _ = torch  # the module import above needs torch.distributed initialised as a package
     return out
