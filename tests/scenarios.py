@@ -458,3 +458,24 @@ def nccl_p2p_numbering(rank: int, ws: int, port: int, out: str, args: dict) -> d
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"native_hooks": native_hooks, "start_check": start_check}
+
+
+def nccl_funcol(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Functional collectives on NCCL, queued behind GPU sleep (GPU machines only): their wait_tensor only
+    makes the stream wait, so each record must end by the completion hook, after the sleep."""
+    import torch.distributed._functional_collectives as funcol
+
+    _instrument(out, rank, run_id="nccl-funcol")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ws)
+    t = torch.ones(16 << 20, device="cuda")
+    for _ in range(2):
+        torch.cuda._sleep(100_000_000)
+        funcol.all_reduce(t, "sum", dist.group.WORLD).wait()
+    torch.cuda.synchronize()
+    time.sleep(0.5)  # the watchdog's reports
+    import otel_torchdist
+
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {}

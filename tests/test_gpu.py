@@ -84,3 +84,15 @@ def test_a_point_to_point_batch_does_not_end_the_collective_of_its_number(tmp_pa
         assert int(s["endTimeUnixNano"]) > int(s["startTimeUnixNano"]), s
     for s in spans[1:]:  # queued behind the GPU sleep: a batch's end would come before the call
         assert (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9 > 0.02, s
+
+
+def test_functional_collectives_on_nccl_end_by_the_completion_hook(tmp_path):
+    """DTensor and tensor parallel's functional collectives: on a GPU ``wait_tensor`` returns once the stream
+    waits, long before the collective ends; the record ends by the completion hook."""
+    out = str(tmp_path / "job")
+    run_ranks("nccl_funcol", 1, out, {})
+    spans = collective_spans(read_spans(os.path.join(out, "runs", "nccl-funcol", "traces.rank0.jsonl")))
+    assert len(spans) == 2, spans
+    for s in spans:
+        assert s["attributes"][n.COLL_END_SOURCE] == "nccl_completion_hook", s
+        assert (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9 > 0.02, s  # after the GPU sleep
