@@ -507,3 +507,21 @@ def test_nvml_readings_agree_with_nvidia_smi(fake_pg, instrumented):
     otel_torchdist.uninstrument()
     assert health.errors() == {}
     del block
+
+
+def test_a_loader_read_inside_another_loaders_fetch_is_one_wait(fake_pg, instrumented):
+    """A dataset that streams from a DataLoader of its own: the outer fetch is the batch, timed once (the
+    inner fetches happen inside it; counted as well, the data time was counted twice)."""
+    from torch.utils.data import DataLoader, IterableDataset
+
+    from otel_torchdist.capture import dataloader as capture
+
+    class Streaming(IterableDataset):
+        def __iter__(self):
+            yield from DataLoader(list(range(4)), batch_size=None)
+
+    instrumented(system_interval=3600)  # the sampler is on (waits timed) and folds nothing meanwhile
+    assert capture.TIMED[0]
+    capture.WAITS.clear()
+    assert len(list(DataLoader(Streaming(), batch_size=None))) == 4
+    assert len(capture.WAITS) == 4  # the inner loader's four fetches are inside them

@@ -593,6 +593,8 @@ def test_checkpoint_spans_and_optimizer_in_backward(tmp_path_factory):
         assert _a(s, n.CKPT_BYTES) == result["bytes"] and _a(s, n.CKPT_TENSORS) == 6
     children = [s for s in _collectives(spans) if s.get("parentSpanId") in {x["spanId"] for x in saves + loads}]
     assert children and all(_a(s, n.COLL_PHASE) == "checkpoint" for s in children)
+    for s in saves + loads:  # each its own: async_save's run on DCP's executor thread
+        assert any(c["parentSpanId"] == s["spanId"] for c in children), (_a(s, n.CKPT_ASYNC), s["name"])
     assert all(by_id[s["parentSpanId"]]["traceId"] == s["traceId"] for s in children)
     from .harness import last_metrics
 

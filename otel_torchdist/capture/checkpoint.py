@@ -63,7 +63,8 @@ def _wrap(op: str, span_name: str, is_async: bool):
             if R.TLS.outer is not None:
                 return orig(*args, **kwargs)
             if threading.current_thread().name.startswith(_ASYNC_THREAD):
-                # async_save's own background save: its span is the async_save's, already open.
+                # async_save's own background save: its span is the async_save's, already open (and its
+                # context, the parent of its collectives, came with it: _wrap_execute_save).
                 token = context.push(phase="checkpoint")
                 try:
                     return orig(*args, **kwargs)
@@ -119,12 +120,53 @@ def _wrap(op: str, span_name: str, is_async: bool):
     return make
 
 
+def _wrap_execute_save(orig):
+    """The thread-based async executor's ``execute_save`` (on the caller's thread, inside ``async_save``):
+    the save it submits runs on the executor's own thread, which gets the caller's context, so its
+    collectives are children of the async_save's span, as a synchronous save's are of its own."""
+
+    def execute_save(self, *args, **kwargs):
+        ctx = R.TLS.ctx
+        pool = getattr(self, "_executor", None)
+        if ctx is None or not callable(getattr(pool, "submit", None)):
+            return orig(self, *args, **kwargs)
+        submit = pool.submit
+
+        def submit_in_context(fn, /, *a, **k):
+            def run(*fa, **fk):
+                R.TLS.ctx = ctx
+                try:
+                    return fn(*fa, **fk)
+                finally:
+                    R.TLS.ctx = None
+
+            return submit(run, *a, **k)
+
+        pool.submit = submit_in_context  # this call's pool only (a pool of one thread, made for this save)
+        try:
+            return orig(self, *args, **kwargs)
+        finally:
+            try:
+                del pool.submit
+            except AttributeError:
+                pass
+
+    execute_save.__wrapped__ = orig
+    return execute_save
+
+
 def patches() -> list[Patch]:
     try:
         from torch.distributed.checkpoint import state_dict_loader, state_dict_saver
     except ImportError:
         return []
     out: list[Patch] = []
+    try:
+        from torch.distributed.checkpoint._async_thread_executor import _ThreadBasedAsyncCheckpointExecutor
+
+        out.append(Patch(_ThreadBasedAsyncCheckpointExecutor, "execute_save", _wrap_execute_save))
+    except ImportError:
+        pass
     out += _binding_patches(state_dict_saver.save, "save", _wrap("save", n.SPAN_CHECKPOINT_SAVE, False))
     out += _binding_patches(state_dict_loader.load, "load", _wrap("load", n.SPAN_CHECKPOINT_LOAD, False))
     if hasattr(state_dict_saver, "async_save"):

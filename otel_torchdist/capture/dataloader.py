@@ -10,12 +10,14 @@ Accelerate and transformers wrap). One wrapper serves two readers:
   through untouched.
 
 The training thread pays a list read per batch, and two clock reads and a deque append when waits are
-timed. Under ``torch.compile`` the wrapper steps aside.
+timed. Under ``torch.compile`` the wrapper steps aside, and so it does for a loader read inside another's
+fetch (a dataset that iterates a DataLoader of its own): the outer fetch is the batch, and its wait.
 """
 
 from __future__ import annotations
 
 import functools
+import threading
 from collections import deque
 from time import perf_counter_ns
 from typing import Any, Callable
@@ -34,11 +36,14 @@ FETCH: list[Callable[[int], None] | None] = [None]  # the step tracker's on_fetc
 _is_compiling = torch.compiler.is_compiling
 
 
+_tls = threading.local()  # .inside: a fetch of this thread is running (a loader reading another: one wait)
+
+
 def _wrap_next(original: Any) -> Any:
     @functools.wraps(original)
     def __next__(self: Any) -> Any:
         fetch = FETCH[0]
-        if fetch is None and not TIMED[0] or _is_compiling():
+        if fetch is None and not TIMED[0] or _is_compiling() or getattr(_tls, "inside", False):
             return original(self)
         t0 = perf_counter_ns()
         if fetch is not None:
@@ -46,7 +51,11 @@ def _wrap_next(original: Any) -> Any:
                 fetch(t0)
             except Exception as exc:
                 health.error("steps", "could not end a training step at a batch fetch", exc)
-        data = original(self)
+        _tls.inside = True
+        try:
+            data = original(self)
+        finally:
+            _tls.inside = False
         if TIMED[0]:
             WAITS.append(perf_counter_ns() - t0)
         return data

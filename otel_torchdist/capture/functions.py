@@ -23,8 +23,8 @@ _STEP = R.STEP
 
 
 def _mark(out: Any) -> None:
-    if isinstance(out, (tuple, list)):
-        out = next((t for t in out if isinstance(t, torch.Tensor)), None)
+    if isinstance(out, (tuple, list)):  # the first output autograd tracks (top-k's indices first: not tracked)
+        out = next((t for t in out if isinstance(t, torch.Tensor) and t.grad_fn is not None), None)
     node = getattr(out, "grad_fn", None)
     if node is None:
         return
