@@ -30,8 +30,13 @@ _ASYNC_THREAD = "AsyncCheckpointExecutor"  # thread name prefix of DCP's async e
 def _tensor_bytes(obj: Any) -> tuple[int, int]:
     total = count = 0
     stack = [obj]
+    seen: set[int] = set()  # containers met already: a state dict may hold a reference cycle
     while stack:
         x = stack.pop()
+        if isinstance(x, (dict, list, tuple)):
+            if id(x) in seen:
+                continue
+            seen.add(id(x))
         if isinstance(x, torch.Tensor):
             local = getattr(x, "_local_tensor", None)
             if local is not None:
@@ -47,6 +52,14 @@ def _tensor_bytes(obj: Any) -> tuple[int, int]:
         elif isinstance(x, (list, tuple)):
             stack.extend(x)
     return total, count
+
+
+def _failure(future: Any) -> BaseException | None:
+    """What a save's future ended with: its exception, or its cancellation (which ``exception()`` raises)."""
+    try:
+        return future.exception()
+    except BaseException as exc:  # CancelledError: the span still ends, with it
+        return exc
 
 
 def _checkpoint_id(kwargs: dict) -> str | None:
@@ -107,7 +120,7 @@ def _wrap(op: str, span_name: str, is_async: bool):
                 # A Future, or an AsyncSaveResponse whose upload completion is the end of the save.
                 future = result if hasattr(result, "add_done_callback") else getattr(result, "upload_completion", None)
                 if hasattr(future, "add_done_callback"):
-                    future.add_done_callback(lambda f: finish(f.exception()))
+                    future.add_done_callback(lambda f: finish(_failure(f)))
                     return result
             finish()
             return result
