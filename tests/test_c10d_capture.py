@@ -308,3 +308,45 @@ def test_an_async_coalesced_call_completes_with_the_future_it_returns(fake_pg, i
     otel_torchdist.uninstrument()
     got = [(s["name"], s["attributes"][n.COLL_END_SOURCE], s["attributes"][n.COLL_MESSAGE_SIZE]) for s in _fake_spans(folder)]
     assert got == [("all_reduce_coalesced", "future", 48), ("all_gather_coalesced", "future", 128)]
+
+
+def test_a_group_destroyed_unseen_gives_its_name_back(instrumented):
+    """``destroy_process_group`` imported by name before ``instrument()`` is torch's own: the library does not
+    see the destroy. Destroying the default group restarts torch's group names, so the next group takes the
+    old one's name: the old one is forgotten then, and the new one keeps the label dashboards select on."""
+    import torch
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="destroyed-unseen")
+    unseen = dist.destroy_process_group.__wrapped__  # what a name imported before instrument() holds
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    dist.all_reduce(torch.ones(4))
+    unseen()
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=4)
+    try:
+        dist.all_reduce(torch.ones(4))
+    finally:
+        dist.destroy_process_group()
+    otel_torchdist.uninstrument()
+    assert [s["attributes"][n.COLL_GROUP_LABEL] for s in _fake_spans(folder)] == ["default_pg", "default_pg"]
+
+
+def test_a_record_of_several_works_stays_in_flight_until_the_last():
+    """Until its last work completes, the hang watchdog must still see it."""
+    import torch
+
+    from otel_torchdist.capture import completion
+    from otel_torchdist.capture import record as R
+
+    rec = R.new("batch_isend_irecv", "send_recv", "test", 0)
+    rec[R.T_START] = 1
+    first, second = torch.futures.Future(), torch.futures.Future()
+    completion.track(rec, [first, second])
+    first.set_result(None)
+    assert [j.rec for j in completion.in_flight()] == [rec] and rec[R.T_END] == 0
+    second.set_result(None)
+    assert not completion.in_flight() and rec[R.T_END] > 0
+    R.QUEUE.clear()

@@ -162,6 +162,28 @@ def test_a_group_made_without_a_backend_is_hooked_as_the_backend_torch_picked(na
     assert gi.completion == groups.COMPLETION_NCCL_HOOK and pg.hook is not None
 
 
+def test_a_group_made_without_a_backend_on_a_gpu_machine_tells_its_cpu_calls_apart(named, monkeypatch):
+    """On a GPU machine ``init_process_group()`` makes a group of two backends, "cpu:gloo,cuda:nccl", that
+    names itself "nccl": a collective on CPU tensors must not be filed for NCCL's hook. (torch's record of
+    the group's device map is set as torch sets it there: no GPU here.)"""
+    from otel_torchdist.capture import c10d
+
+    real = groups.GroupInfo
+
+    def made(pg):
+        monkeypatch.setitem(c10d._world.pg_backend_config, pg, "cpu:gloo,cuda:nccl")
+        return real(pg)
+
+    monkeypatch.setattr(groups, "GroupInfo", made)
+    pg, gi = named("undefined")
+    assert gi.backend == "nccl" and gi.cpu_backend is pg.cpu
+    nccl.attach(gi)
+    cpu = R.new("all_reduce", "all_reduce", "test", gi.gid)
+    pg.cpu_call()
+    c10d._finish(cpu, None)
+    assert [(r[R.SEQ], r[R.END]) for r in R.QUEUE] == [(None, n.END_RETURN)] and not gi.pending
+
+
 def test_the_run_names_the_backend_torch_picked(gloo_alone_undefined):
     from otel_torchdist import identity
 

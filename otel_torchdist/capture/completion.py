@@ -42,10 +42,10 @@ class _Join:
     def done(self, source: str, error: BaseException | None = None) -> None:
         t_end = perf_counter_ns()
         rec = self.rec
-        _inflight.pop(id(self), None)
         if error is not None and rec[R.ERROR] is None:
             rec[R.ERROR] = R.error_info(error)
         if self.lock is None:
+            _inflight.pop(id(self), None)
             R.complete(rec, source, t_end)
             return
         with self.lock:
@@ -53,7 +53,8 @@ class _Join:
                 self.source = source  # the weakest observation decides what the record can claim
             self.remaining -= 1
             last = self.remaining == 0
-        if last:
+        if last:  # until then in flight, in the hang watchdog's view
+            _inflight.pop(id(self), None)
             R.complete(rec, self.source, t_end)
 
 

@@ -56,9 +56,12 @@ class GroupInfo:
         self.backend = backend_name(pg)
         # Several backends ("cpu:gloo,cuda:nccl"): NCCL's hook and sequence number are the group's, and a
         # call on CPU tensors runs on the CPU one, told apart by that backend's own number (c10d._finish).
+        # The device map is torch's own record of the group: a group made without a backend on a GPU
+        # machine is such a group too, though it names itself after its default backend only.
         self.cpu_backend: Any = None  # such a group's CPU backend (None: one backend)
         self.cpu_seq = 0  # its last number seen
-        if "nccl" in self.backend and len({pair.rsplit(":", 1)[-1] for pair in self.backend.split(",")}) > 1:
+        config = _safe(lambda: str(c10d._world.pg_backend_config[pg]), self.backend)
+        if "nccl" in config and len({pair.rsplit(":", 1)[-1] for pair in config.split(",")}) > 1:
             try:
                 cpu = pg._get_backend(torch.device("cpu"))
                 self.cpu_seq = int(cpu._get_sequence_number_for_group())
@@ -150,6 +153,7 @@ def info(pg: Any) -> GroupInfo | None:
         return gi
     if pg is c10d.GroupMember.NON_GROUP_MEMBER or not isinstance(pg, c10d.ProcessGroup):
         return None
+    _forget_destroyed_namesakes(pg)
     with _lock:
         gi = _groups.get(pg)
         if gi is None:
@@ -220,6 +224,17 @@ def on_forget(fn) -> None:
 def _forgotten() -> None:
     for fn in _on_forget:
         fn()
+
+
+def _forget_destroyed_namesakes(pg: Any) -> None:
+    """A new group whose name a destroyed one had (destroying the default group restarts torch's numbering):
+    the destroyed one is forgotten first, though its destroy was not seen (``destroy_process_group`` imported
+    by name before ``instrument()``), so that the new one takes its label and the old one is not reported."""
+    name = _safe(lambda: pg.group_name, None)
+    live = c10d._world.pg_map
+    for old, gi in list(_groups.items()):
+        if gi.name == name and old is not pg and old not in live:
+            forget(old)
 
 
 def forget_destroyed() -> None:
