@@ -56,6 +56,14 @@ def _port() -> int:
         return s.getsockname()[1]
 
 
+def write_report(path: str, report: dict) -> None:
+    """The JSON report at ``path``, its folder made first (a new ``--out`` folder must not fail after the
+    GPU work has run)."""
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    with open(path, "w") as f:
+        json.dump(report, f, indent=1, default=str)
+
+
 def _init(backend: str, rank: int, world: int, port: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE=str(world),
                       LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE=str(world))  # fmt: skip
@@ -333,7 +341,6 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "nccl": ".".join(map(str, torch.cuda.nccl.version())), "checks": {}}
     failed = False
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
     with tempfile.TemporaryDirectory() as folder:
         for fn, world in CHECKS:
             name, result = _run(fn, world, folder)
@@ -344,8 +351,7 @@ def main(argv: list[str] | None = None) -> int:
             failed |= not ok
             report["checks"].setdefault(name, []).append({"ok": ok, "result": result})
             print(f"{'ok  ' if ok else 'FAIL'} {name}: {line}", flush=True)
-            with open(args.out, "w") as f:  # after every check: a later one that hangs loses nothing
-                json.dump(report, f, indent=1, default=str)
+            write_report(args.out, report)  # after every check: a later one that hangs loses nothing
     plain = [c["result"] for c in report["checks"].get("ddp_plain", []) if c["ok"]]
     ours = [c["result"] for c in report["checks"].get("ddp_instrumented", []) if c["ok"]]
     if plain and ours:

@@ -29,7 +29,6 @@ Without CUDA it says so and measures nothing.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
@@ -40,7 +39,7 @@ import torch
 import torch.distributed as dist
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
-from gpu_check import _init, _run  # noqa: E402
+from gpu_check import _init, _run, write_report  # noqa: E402
 
 VARIANTS = ("plain", "plain_timing", "plain_hook", "instrumented_no_hook", "instrumented", "instrumented_native_hook")
 STEP = 20
@@ -141,9 +140,7 @@ def main(argv: list[str] | None = None) -> int:
               f"{got['cpu_us'] - plain['cpu_us']:+8.2f}")  # fmt: skip
     report = {"device": torch.cuda.get_device_name(0), "torch": torch.__version__, "calls": args.calls,
               "rounds": results, "median": summary}  # fmt: skip
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(args.out, report)
     print(f"gpu_collective_cost: report in {args.out}")
     return 0
 

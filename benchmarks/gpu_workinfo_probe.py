@@ -17,9 +17,7 @@ time_started falls inside its call's window, which would tell a misnumbered repo
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import socket
 import sys
 import time
 from datetime import datetime, timedelta
@@ -27,6 +25,9 @@ from time import perf_counter_ns
 
 import torch
 import torch.distributed as dist
+
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from gpu_check import _init, _port, write_report  # noqa: E402
 
 
 def _on_records_clock(when) -> int | None:
@@ -39,12 +40,8 @@ def _on_records_clock(when) -> int | None:
 
 
 def probe() -> dict:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(0)
-    dist.init_process_group("nccl", rank=0, world_size=1)
+    _init("nccl", 0, 1, _port())
     pg = dist.group.WORLD
     reports: list = []
     pg._enable_collectives_timing()
@@ -101,9 +98,7 @@ def main(argv: list[str] | None = None) -> int:
     for r in report["reports"]:
         print(f"report {r['op_type']:<18} seq {r['seq']:>3}   started {r['started_us']} us, finished {r['finished_us']} us"
               f"   ({r['time_started_type']}; started inside {r['started_inside'] or 'no call'})")  # fmt: skip
-    os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-    with open(args.out, "w") as f:
-        json.dump(report, f, indent=1)
+    write_report(args.out, report)
     print(f"gpu_workinfo_probe: report in {args.out}")
     return 0
 
