@@ -191,7 +191,7 @@ def _finish(rec: list, result: Any) -> None:
             _mixed_route(gi, rec)  # inner calls on the CPU backend: not NCCL's number
         complete(rec, n.END_RETURN)  # object collectives copy to host: they return complete
         return
-    completion_kind = gi.completion if gi.cpu_backend is None else _mixed_route(gi, rec)
+    completion_kind = gi.completion if gi.cpu_backend is None else _mixed_route(gi, rec)  # completion_of, inline
     if completion_kind == groups.COMPLETION_FUTURE:
         if rec[R.ASYNC]:
             completion.track(rec, result if isinstance(result, list) else [result])
@@ -207,6 +207,12 @@ def _finish(rec: list, result: Any) -> None:
         nccl.expect(gi, rec, bool(_coalesce_state) and gi.pg in _coalesce_state)
     else:
         complete(rec, n.END_ENQUEUE)
+
+
+def completion_of(gi: groups.GroupInfo, rec: list) -> str:
+    """How ``rec``, just numbered, completes on ``gi``: as its group's do, or, on a group of several backends,
+    as the CPU backend's when it ran there (_mixed_route)."""
+    return gi.completion if gi.cpu_backend is None else _mixed_route(gi, rec)
 
 
 def _mixed_route(gi: groups.GroupInfo, rec: list) -> str:

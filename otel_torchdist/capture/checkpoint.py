@@ -147,11 +147,12 @@ def _wrap_execute_save(orig):
 
         def submit_in_context(fn, /, *a, **k):
             def run(*fa, **fk):
+                token = R.TLS.ctx
                 R.TLS.ctx = ctx
                 try:
                     return fn(*fa, **fk)
                 finally:
-                    R.TLS.ctx = None
+                    R.TLS.ctx = token
 
             return submit(run, *a, **k)
 

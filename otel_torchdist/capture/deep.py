@@ -123,7 +123,7 @@ def _begin(name: str, spec: tuple[str, int, bool], args: tuple) -> list | None:
 def _pending(rec: list, out: Any) -> None:
     gi = groups.BY_ID[rec[R.GROUP]]
     rec[R.SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-    completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+    completion = c10d_capture.completion_of(gi, rec)
     if completion != groups.COMPLETION_FUTURE:
         funcol._without_wait(gi, rec, completion)  # a GPU's wait_tensor only orders the stream
         return
@@ -142,10 +142,7 @@ def _wait(func, args, kwargs):
     try:
         out = func(*args, **kwargs)
     except BaseException as exc:
-        hit = funcol._pending.pop(id(tensor), None)
-        if hit is not None:
-            hit[1][R.ERROR] = hit[1][R.ERROR] or R.error_info(exc)
-            funcol.end(hit, n.END_WAIT)
+        funcol.failed(id(tensor), exc)
         raise
     hit = funcol._pending.pop(id(tensor), None)
     if hit is not None:

@@ -168,10 +168,9 @@ def _wrap_fsdp1_init(orig):
             handle = getattr(self, "_handle", None)
             # the unit's own parameters, unsharded (its handle's), as FSDP2's groups count theirs: not those of
             # the units inside it, whether auto-wrapped or wrapped before it (then already sharded)
-            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, 0)]
-            if handle is not None:
-                flat = handle.flat_param
-                attrs[1] = (n.SHARD_PARAMS, sum(flat._numels))
+            flat = handle.flat_param if handle is not None else None
+            attrs: list[tuple[str, Any]] = [(n.SHARD_MODULE, root_name), (n.SHARD_PARAMS, sum(flat._numels) if flat is not None else 0)]
+            if flat is not None:
                 attrs += [
                     (n.SHARD_ORIGINAL_SHAPES, tuple(_shape(s) for s in flat._shapes[:_MAX_SHAPES])),
                     (n.SHARD_SHARDED_SHAPES, (_shape(flat.shape),)),

@@ -221,7 +221,7 @@ def _wrap(name: str, funcol: Any):
             try:
                 gi = _BY_ID[rec[_GROUP]]
                 rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-                completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+                completion = c10d_capture.completion_of(gi, rec)
                 if completion != _COMPLETION_FUTURE:
                     _without_wait(gi, rec, completion)
                 elif result.__class__ is acs_type:
@@ -275,8 +275,8 @@ def wrap_shard_dim_alltoall(orig: Callable) -> Callable:
             raise
         _TLS.outer = None
         try:
-            rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
-            completion = gi.completion if gi.cpu_backend is None else c10d_capture._mixed_route(gi, rec)
+            rec[_SEQ] = gi.next_seq()
+            completion = c10d_capture.completion_of(gi, rec)
             if completion == _COMPLETION_FUTURE:
                 R.complete(rec, n.END_RETURN)  # the op waited for its work
             else:
@@ -370,7 +370,7 @@ def _wrap_wait(orig):
         try:
             result = orig(tensor)
         except BaseException as exc:
-            _failed(tensor, exc)
+            failed(tensor.untyped_storage()._cdata, exc)
             raise
         t_end = perf_counter_ns()
         try:
@@ -396,10 +396,11 @@ def _wrap_wait(orig):
     return wait_tensor
 
 
-def _failed(tensor: Any, exc: BaseException) -> None:
-    """The wait raised (a peer gone, a timeout): the collective's record ends with the error."""
+def failed(key: int, exc: BaseException) -> None:
+    """The wait for the output pending under ``key`` raised (a peer gone, a timeout): the collective's record
+    ends with the error (the deep mode's waits too)."""
     try:
-        hit = _pending.pop(tensor.untyped_storage()._cdata, None)
+        hit = _pending.pop(key, None)
         if hit is not None:
             if hit[1][R.ERROR] is None:
                 hit[1][R.ERROR] = R.error_info(exc)

@@ -153,7 +153,11 @@ def info(pg: Any) -> GroupInfo | None:
         return gi
     if pg is c10d.GroupMember.NON_GROUP_MEMBER or not isinstance(pg, c10d.ProcessGroup):
         return None
-    _forget_destroyed_namesakes(pg)
+    # destroying the default group restarts torch's numbering: a destroyed namesake the library did not see
+    # destroyed (destroy_process_group imported before instrument()) gives the new group its label
+    name = _safe(lambda: pg.group_name, None)
+    if name is not None:
+        forget_destroyed(name)
     with _lock:
         gi = _groups.get(pg)
         if gi is None:
@@ -226,23 +230,14 @@ def _forgotten() -> None:
         fn()
 
 
-def _forget_destroyed_namesakes(pg: Any) -> None:
-    """A new group whose name a destroyed one had (destroying the default group restarts torch's numbering):
-    the destroyed one is forgotten first, though its destroy was not seen (``destroy_process_group`` imported
-    by name before ``instrument()``), so that the new one takes its label and the old one is not reported."""
-    name = _safe(lambda: pg.group_name, None)
+def forget_destroyed(name: str | None = None) -> None:
+    """Forget the groups destroyed while the library was not looking (after ``uninstrument()``, or through a
+    ``destroy_process_group`` imported before ``instrument()``), or only those named ``name``: they must not
+    be reported, nor kept alive, nor keep their labels from the groups made after them."""
     live = c10d._world.pg_map
-    for old, gi in list(_groups.items()):
-        if gi.name == name and old is not pg and old not in live:
-            forget(old)
-
-
-def forget_destroyed() -> None:
-    """Forget the groups destroyed while the library was not looking (after ``uninstrument()``): a new
-    instrumentation must not report them, nor keep them alive."""
-    live = c10d._world.pg_map
-    for pg in [pg for pg in list(_groups) if pg not in live]:
-        forget(pg)
+    for pg, gi in list(_groups.items()):
+        if pg not in live and (name is None or gi.name == name):
+            forget(pg)
 
 
 def _at_exit() -> None:
