@@ -256,3 +256,17 @@ def test_deep_mode_on_a_gpu_backend_does_not_end_at_the_wait(fake_pg, instrument
         gi.completion = groups.COMPLETION_FUTURE
     assert not capture._pending
     assert [(s["attributes"][n.COLL_SOURCE], s["attributes"][n.COLL_END_SOURCE]) for s in _spans(folder)] == [("deep", "enqueue")]
+
+
+
+def test_a_torch_with_only_resolve_group_name_resolves_the_group(fake_pg, monkeypatch):
+    """torch before 2.12 resolves a functional collective's group by name only (no ``_resolve_group``): on
+    an H200 with torch 2.11 no functional collective was recorded ("could not describe"). That torch's
+    module, as the capture sees it (this torch's own calls need its ``_resolve_group``)."""
+    from types import SimpleNamespace
+
+    from otel_torchdist.capture import groups
+
+    monkeypatch.setattr(capture, "_group_cache", {})
+    older = SimpleNamespace(_resolve_group_name=funcol._resolve_group_name)
+    assert capture._group_info(older, fake_pg, "") is groups.info(fake_pg)

@@ -207,3 +207,14 @@ def test_registering_on_a_group_without_the_hook_raises_and_attach_falls_back_to
     assert [r[R.END] for r in R.QUEUE if r[R.SEQ] == rec[R.SEQ]] == [n.END_NCCL_HOOK]
     nccl.flush_pending(0.0)
     R.QUEUE.clear()
+
+
+def test_a_group_is_numbered_before_its_completion_hook_is_registered(gloo_alone, monkeypatch):
+    """The C++ hook reports as the group id it was registered with; registered with a group not yet
+    numbered (-1), it dropped every completion as an uninstrumented group's (records ended unfinished on an
+    H200). The attacher runs inside groups.info(), the one place groups are met."""
+    seen = []
+    monkeypatch.setattr(groups, "_completion_attachers", [lambda gi: seen.append((gi.gid, 0 <= gi.gid < len(groups.BY_ID) and groups.BY_ID[gi.gid] is gi))])
+    groups.forget(gloo_alone)
+    gi = groups.info(gloo_alone)
+    assert seen == [(gi.gid, True)] and gi.gid >= 0

@@ -124,7 +124,9 @@ def _cache_key(group: Any) -> Any:
 
 
 def _group_info(funcol: Any, group: Any, tag: str) -> groups.GroupInfo | None:
-    resolved = funcol._resolve_group(group, tag)
+    # torch < 2.12 has only _resolve_group_name (a group's name, resolved below)
+    resolve = getattr(funcol, "_resolve_group", None) or funcol._resolve_group_name
+    resolved = resolve(group, tag)
     if isinstance(resolved, str):
         from torch.distributed import distributed_c10d as c10d
 

@@ -163,9 +163,11 @@ def info(pg: Any) -> GroupInfo | None:
         if gi is None:
             gi = GroupInfo(pg)
             gi.label = _unique_label(gi)
-            _attach_completion(gi)
+            # numbered first: the C++ completion hook is registered with the group's id (an unnumbered
+            # group's hook drops every report, as an uninstrumented one does)
             gi.gid = len(BY_ID)
             BY_ID.append(gi)
+            _attach_completion(gi)
             _groups[pg] = gi
     return gi
 
