@@ -9,6 +9,7 @@ thing is exercised by tests/test_gpu.py and benchmarks/gpu_check.py on a GPU mac
 
 from __future__ import annotations
 
+import re
 import threading
 import time
 from datetime import datetime, timedelta
@@ -227,7 +228,7 @@ def test_a_cpu_call_on_a_group_of_two_backends_is_not_taken_for_nccl_work(named)
 
 
 def _pending(gi) -> dict:
-    return {seq: rec for seq, (rec, _) in gi.pending.items()}
+    return {seq: rec for seq, (rec, _, _) in gi.pending.items()}
 
 
 def _new(pg, gi) -> list:
@@ -451,6 +452,45 @@ def test_a_collective_issued_inside_a_coalescing_block_takes_the_blocks_work(gro
     assert [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK] and not gi.pending
 
 
+@pytest.mark.parametrize("report", ["after the block's record", "before the block's record"])
+def test_the_ops_of_a_coalescing_block_share_its_number_and_its_work(group, report):
+    """Two ops torch does not queue, run inside one block, read the block's number, as the block's own
+    record does: one report (the block's work) ends them all; the second op's record once replaced the
+    first's, which then waited for ever (a false hang). The watchdog may report the block's work before the
+    wrapper files the block's record."""
+    from otel_torchdist.capture import c10d
+
+    pg, gi = group
+    nccl.attach(gi)
+    _calibrated(pg, gi)
+    seq = pg.issue()
+    pg.in_flight.pop(seq)
+    ops = []
+    c10d._coalesce_state[pg] = []
+    try:
+        for _ in range(2):
+            rec = R.new("broadcast", "broadcast", "test", gi.gid)
+            rec[R.T_START], rec[R.SEQ] = time.perf_counter_ns(), seq
+            c10d._finish(rec, None)
+            ops.append(rec)
+    finally:
+        del c10d._coalesce_state[pg]
+    block = R.new("coalesced", "coalesced", "test", gi.gid)
+    block[R.T_START], block[R.SEQ] = time.perf_counter_ns(), seq
+    time.sleep(_APART)
+    work = pg.info("COALESCED", seq, time.perf_counter_ns())  # made at the block's end
+    if report == "before the block's record":
+        pg.hook(work)
+        assert [r[R.OP] for r in R.QUEUE] == ["broadcast", "broadcast"]
+        nccl.expect(gi, block)
+    else:
+        nccl.expect(gi, block)
+        assert len(nccl.pending_records(gi)) == 3
+        pg.hook(work)
+    assert sorted(r[R.OP] for r in R.QUEUE) == ["broadcast", "broadcast", "coalesced"]
+    assert all(r[R.END] == n.END_NCCL_HOOK for r in R.QUEUE) and not gi.pending
+
+
 def test_before_any_collective_shows_the_clocks_agree_a_coalesced_report_joins_on_its_number(group):
     """Until then the stamp is not trusted: a report is never left out on a clock that may be another."""
     pg, gi = group
@@ -472,6 +512,7 @@ def test_a_collective_started_outside_its_call_turns_the_check_off_with_a_warnin
     pg.hook(pg.info("ALLREDUCE", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
     assert nccl._START_CHECK[0] == -1 and [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
     assert "started outside its call" in caplog.text
+    assert re.search(r"number %d: called \+100000\d\d us \.\. \+100000\d\d us from its work's start" % rec[R.SEQ], caplog.text), caplog.text
     rec = _issue(pg, gi)
     pg.hook(pg.info("COALESCED", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
     assert [r[R.END] for r in R.QUEUE][1:] == [n.END_NCCL_HOOK] and not gi.pending

@@ -78,8 +78,9 @@ class GroupInfo:
             self.seq_supported = False  # e.g. the fake backend; we count ourselves
         self.own_seq = itertools.count(1)
         self.completion = COMPLETION_ENQUEUE if _is_gpu_backend(self.backend) else COMPLETION_FUTURE
-        # for completion hooks joined on sequence number (capture/nccl.py): seq -> (Record, when it was filed)
-        self.pending: dict[int, tuple[list, int]] = {}
+        # for completion hooks joined on sequence number (capture/nccl.py): seq -> (Record, when it was filed,
+        # the records of a coalescing block sharing its number)
+        self.pending: dict[int, tuple[list, int, tuple]] = {}
         self.early: dict[int, list] = {}  # seq -> completions reported before its record was filed
         self.lock = threading.Lock()
         self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans

@@ -203,7 +203,11 @@ def _fits(rec: list, filed: int, t_start: int | None, coalesced: bool) -> bool:
             "nccl-hook-start",
             "an NCCL completion report's work started outside its call (WorkInfo.time_started is not on the "
             "records' clock with this torch): a batch_isend_irecv's report may end a collective of the same "
-            "number early",
+            "number early (%s number %s: called %+d us .. %+d us from its work's start)",
+            rec[R.OP],
+            rec[R.SEQ],
+            (rec[R.T_START] - t_start) // 1000,
+            (filed - t_start) // 1000 if filed != _NO_END else 0,
         )
     return True
 
@@ -214,13 +218,24 @@ def expect(gi: groups.GroupInfo, rec: list, in_block: bool = False) -> None:
     seq = rec[R.SEQ]
     with gi.lock:
         filed = _NO_END if in_block else perf_counter_ns()
+        shared = gi.pending.get(seq)
+        if shared is not None:
+            # the ops of one coalescing block (and the block's own record, filed at its end) share its number
+            # and its one work: the block's report ends them all
+            gi.pending[seq] = (shared[0], shared[1], shared[2] + (rec,))
+            return
         for report in gi.early.pop(seq, ()):
             if _fits(rec, filed, report[2], report[3]):
                 break
         else:  # none (the others: point-to-point batches' reports)
-            gi.pending[seq] = (rec, filed)
+            gi.pending[seq] = (rec, filed, ())
             return
     _completed(rec, report[0], report[1])
+
+
+def pending_records(gi: groups.GroupInfo) -> list[list]:
+    """The records of ``gi`` waiting for their report (the caller holds ``gi.lock``)."""
+    return [rec for first, _, shared in gi.pending.values() for rec in (first, *shared)]
 
 
 def _on_complete(gi: groups.GroupInfo | None, info: Any) -> None:
@@ -253,6 +268,8 @@ def _join(
             if not _fits(pending[0], pending[1], t_start, coalesced):
                 return  # a point-to-point batch's: its record completes by its future
             del gi.pending[seq]
+            if pending[1] == _NO_END:  # a coalescing block's op: the block's own record may be filed after
+                _keep(gi, seq, (gpu_ns, t_end, t_start, coalesced))
         else:
             # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it
             # for an entry about to be numbered, and it is filed here too for a Python record about to
@@ -261,14 +278,20 @@ def _join(
                 return
             # the watchdog saw it done before the wrapper had filed it (a tiny op): file the report (two
             # for one number: a collective's and a point-to-point batch's)
-            reports = gi.early.get(seq)
-            if reports is None:
-                if len(gi.early) >= _EARLY_KEPT:
-                    del gi.early[next(iter(gi.early))]
-                reports = gi.early[seq] = []
-            reports.append((gpu_ns, t_end, t_start, coalesced))
+            _keep(gi, seq, (gpu_ns, t_end, t_start, coalesced))
             return
-    _completed(pending[0], gpu_ns, t_end)
+    for rec in (pending[0], *pending[2]):
+        _completed(rec, gpu_ns, t_end)
+
+
+def _keep(gi: groups.GroupInfo, seq: int, report: tuple) -> None:
+    """File a report for a record of number ``seq`` not filed yet (``gi.lock`` held)."""
+    reports = gi.early.get(seq)
+    if reports is None:
+        if len(gi.early) >= _EARLY_KEPT:
+            del gi.early[next(iter(gi.early))]
+        reports = gi.early[seq] = []
+    reports.append(report)
 
 
 def take_completions() -> None:
@@ -307,7 +330,7 @@ def flush_pending(timeout: float) -> None:
         time.sleep(0.01)
     for gi in list(groups.BY_ID):  # destroyed groups too: their hooks will not come
         with gi.lock:
-            recs = [rec for rec, _ in gi.pending.values()]
+            recs = pending_records(gi)
             gi.pending.clear()
             gi.early.clear()
         for rec in recs:

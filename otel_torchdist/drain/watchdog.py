@@ -27,7 +27,7 @@ from typing import Any
 
 from .. import callbacks, health
 from .. import names as n
-from ..capture import completion, ddp_native, funcol, groups
+from ..capture import completion, ddp_native, funcol, groups, nccl
 from ..capture import record as R
 from ..capture import step_context as S
 from ..ids import new_span_id, new_trace_id
@@ -88,7 +88,7 @@ class Watchdog:
         records += [entry[1] for entry in list(funcol._pending.values())]  # one copy, atomic under the GIL
         for gi in groups.all_groups():
             with gi.lock:
-                records += [rec for rec, _ in gi.pending.values()]
+                records += nccl.pending_records(gi)
         return records
 
     def check(self) -> None:
