@@ -460,6 +460,40 @@ def nccl_p2p_numbering(rank: int, ws: int, port: int, out: str, args: dict) -> d
     return {"native_hooks": native_hooks, "start_check": start_check}
 
 
+def nccl_graph_capture(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """An all_reduce captured into a CUDA graph and replayed (GPU machines only), as torch's CUDA graph docs
+    do it: the collective's timing stays on through the capture, and the capture's record ends at enqueue
+    (ProcessGroupNCCL hands its watchdog no work of a capture, so no report will come)."""
+    from otel_torchdist import health
+    from otel_torchdist.capture import groups
+
+    _instrument(out, rank, run_id="nccl-graph")
+    torch.cuda.set_device(rank)
+    dist.init_process_group("nccl", rank=rank, world_size=ws, device_id=torch.device("cuda", rank))
+    t = torch.ones(1024, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        for _ in range(3):  # warm-up on a side stream before capture
+            dist.all_reduce(t)
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        dist.all_reduce(t)  # captured, not run: 3 warm-ups and 3 replays multiply t by ws six times
+    for _ in range(3):
+        graph.replay()
+    torch.cuda.synchronize()
+    value = t[0].item()
+    time.sleep(0.5)  # the watchdog's reports of the warm-up
+    import otel_torchdist
+
+    pending = sum(len(gi.pending) for gi in groups.all_groups())
+    errors = dict(health.errors())
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"value": value, "expected": float(ws ** 6), "pending": pending, "errors": errors}
+
+
 def nccl_funcol(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """Functional collectives on NCCL, queued behind GPU sleep (GPU machines only): their wait_tensor only
     makes the stream wait, so each record must end by the completion hook, after the sleep."""

@@ -96,3 +96,14 @@ def test_functional_collectives_on_nccl_end_by_the_completion_hook(tmp_path):
     for s in spans:
         assert s["attributes"][n.COLL_END_SOURCE] == "nccl_completion_hook", s
         assert (int(s["endTimeUnixNano"]) - int(s["startTimeUnixNano"])) / 1e9 > 0.02, s  # after the GPU sleep
+
+
+def test_a_collective_captured_into_a_cuda_graph_does_not_wait_for_a_report(tmp_path):
+    """CUDA graphs with the completion hook's timing on: the graph's results are torch's, the captured
+    all_reduce ends at enqueue and nothing stays waiting for the report that no capture gets."""
+    out = str(tmp_path / "job")
+    (result,) = run_ranks("nccl_graph_capture", 1, out, {})
+    assert result["value"] == result["expected"] and result["pending"] == 0 and not result["errors"], result
+    spans = sorted(collective_spans(read_spans(os.path.join(out, "runs", "nccl-graph", "traces.rank0.jsonl"))),
+                   key=lambda s: int(s["startTimeUnixNano"]))  # fmt: skip
+    assert [s["attributes"][n.COLL_END_SOURCE] for s in spans] == ["nccl_completion_hook"] * 3 + ["enqueue"]

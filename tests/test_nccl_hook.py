@@ -621,3 +621,20 @@ def test_nccl_completion_disabled_leaves_groups_enqueue_timed(group, instrumente
     nccl.attach(again)
     assert fresh.timing and fresh.hook is not None
     assert again.completion == groups.COMPLETION_NCCL_HOOK
+
+
+def test_a_collective_captured_into_a_cuda_graph_ends_at_enqueue(group, monkeypatch, caplog):
+    """ProcessGroupNCCL queues no work of a capture for its watchdog (``enqueue`` is false while the stream
+    captures), so the hook never reports it: it waited for ever (a false hang, ``unfinished`` at the end).
+    A GPU's capture state stood in for (no CUDA here)."""
+    pg, gi = group
+    nccl.attach(gi)
+    monkeypatch.setattr(nccl, "_stream_capturing", lambda: True)
+    rec = _issue(pg, gi)
+    pg.in_flight.pop(rec[R.SEQ])  # never reported
+    assert [r[R.END] for r in R.QUEUE] == [n.END_ENQUEUE] and not gi.pending
+    assert "captured into a CUDA graph" in caplog.text
+    monkeypatch.setattr(nccl, "_stream_capturing", lambda: False)
+    rec = _issue(pg, gi)
+    pg.finish(rec[R.SEQ])
+    assert [r[R.END] for r in R.QUEUE] == [n.END_ENQUEUE, n.END_NCCL_HOOK]

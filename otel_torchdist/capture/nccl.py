@@ -38,6 +38,8 @@ from datetime import datetime, timedelta
 from time import perf_counter_ns
 from typing import Any
 
+import torch
+
 from .. import health
 from .. import names as n
 from . import ddp_native, groups
@@ -212,9 +214,30 @@ def _fits(rec: list, filed: int, t_start: int | None, coalesced: bool) -> bool:
     return True
 
 
+_is_capturing = getattr(torch._C, "_cuda_isCurrentStreamCapturing", None)  # None: a build without CUDA
+
+
+def _stream_capturing() -> bool:
+    """Whether the current CUDA stream is capturing a graph (False where CUDA cannot say)."""
+    try:
+        return _is_capturing is not None and bool(_is_capturing())
+    except Exception:
+        return False
+
+
 def expect(gi: groups.GroupInfo, rec: list, in_block: bool = False) -> None:
     """``rec`` was just issued: its completion comes from the hook (or already came). ``in_block``: issued
     inside a coalescing block, whose one work is made at the block's end (its call window has no end)."""
+    if _stream_capturing():
+        # ProcessGroupNCCL hands its watchdog no work of a CUDA graph's capture: no report will come (and a
+        # replay runs no Python at all, so it is not recorded)
+        health.warn_once(
+            "nccl-graph-capture",
+            "NCCL collectives captured into a CUDA graph are recorded once, at capture, ended at enqueue; "
+            "the graph's replays are not recorded",
+        )
+        complete(rec, n.END_ENQUEUE)
+        return
     seq = rec[R.SEQ]
     with gi.lock:
         filed = _NO_END if in_block else perf_counter_ns()
