@@ -586,6 +586,29 @@ def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, att
         dist.destroy_process_group()
 
 
+def test_ddp_on_a_device_mesh_meets_the_meshs_group_before_its_constructor_broadcasts(instrumented, attach_seen):
+    """``DistributedDataParallel(model, device_mesh=mesh["dp"])``: the group is the mesh's (made by
+    DeviceMesh's own binding of new_group), not the default one: it was met only at the first collective a
+    wrapper saw, after the constructor's, too late for NCCL's completion hook."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+    from torch.distributed.device_mesh import DeviceMesh
+
+    instrumented()
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    try:
+        dp = c10d.new_group.__wrapped__([0])  # as DeviceMesh makes its groups: no wrapper sees it
+        mesh = DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp",))
+        assert all(pg is not dp for pg, _ in attach_seen)
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), device_mesh=mesh)
+        assert (dp, 0) in attach_seen
+        assert dp._get_sequence_number_for_group() > 0  # the constructor did issue its C++ collectives
+        del model
+    finally:
+        dist.destroy_process_group()
+
+
 def test_instrument_after_the_group_exists_meets_it_at_once(gloo_alone, instrumented, attach_seen):
     instrumented()
     assert attach_seen == [(gloo_alone, 0)]

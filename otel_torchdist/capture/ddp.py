@@ -444,6 +444,19 @@ def _on_created(ddp: Any, t_start: int, t_end: int) -> None:
 
 
 # --------------------------------------------------------------------------------------------- patches
+def _group_of(args: tuple, kwargs: dict) -> Any:
+    """The group DDP's constructor will use: ``process_group``, else its 1-D ``device_mesh``'s (a mesh's
+    groups are made by DeviceMesh's own binding of new_group, which no wrapper sees), else the default."""
+    pg = kwargs.get("process_group", args[6] if len(args) > 6 else None)
+    mesh = kwargs.get("device_mesh", args[15] if len(args) > 15 else None)
+    if pg is None and mesh is not None:
+        try:
+            return mesh.get_group(mesh_dim=0)
+        except Exception:
+            return None  # DDP raises for it (not 1-D)
+    return pg
+
+
 def _wrap_init(orig):
     def __init__(self, *args, **kwargs):
         t_start = perf_counter_ns()
@@ -451,7 +464,7 @@ def _wrap_init(orig):
         # The parameter and buffer broadcast from rank 0 that DDP starts with belongs to the model too.
         token = context.push(framework="ddp", module=context.class_name(model)) if model is not None else R.TLS.ctx
         # before DDP's own C++ broadcast, so an NCCL group can still take its completion hook
-        c10d_capture.meet(kwargs.get("process_group", args[6] if len(args) > 6 else None))
+        c10d_capture.meet(_group_of(args, kwargs))
         try:
             orig(self, *args, **kwargs)
         finally:
