@@ -567,29 +567,11 @@ def test_a_group_is_met_when_it_is_created_before_any_collective(instrumented, a
         dist.destroy_process_group()
 
 
-def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, attach_seen):
-    import torch
-    import torch.distributed as dist
-    import torch.distributed.distributed_c10d as c10d
-
-    instrumented()
-    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
-    try:
-        # a group no wrapper saw made (DeviceMesh binds new_group and split_group at its import)
-        sub = c10d.new_group.__wrapped__([0])
-        assert all(pg is not sub for pg, _ in attach_seen)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), process_group=sub)
-        assert (sub, 0) in attach_seen
-        assert sub._get_sequence_number_for_group() > 0  # the constructor did issue its C++ collectives
-        del model
-    finally:
-        dist.destroy_process_group()
-
-
-def test_ddp_on_a_device_mesh_meets_the_meshs_group_before_its_constructor_broadcasts(instrumented, attach_seen):
-    """``DistributedDataParallel(model, device_mesh=mesh["dp"])``: the group is the mesh's (made by
-    DeviceMesh's own binding of new_group), not the default one: it was met only at the first collective a
-    wrapper saw, after the constructor's, too late for NCCL's completion hook."""
+@pytest.mark.parametrize("given", ["process_group", "device_mesh"])
+def test_ddp_meets_its_group_before_its_constructor_broadcasts(instrumented, attach_seen, given):
+    """A group no wrapper saw made (DeviceMesh binds new_group and split_group at its import), handed to
+    DDP as ``process_group`` or as a 1-D ``device_mesh`` (``mesh["dp"]``): met before the constructor's C++
+    collectives, not at the first collective a wrapper sees, too late for NCCL's completion hook."""
     import torch
     import torch.distributed as dist
     import torch.distributed.distributed_c10d as c10d
@@ -598,12 +580,12 @@ def test_ddp_on_a_device_mesh_meets_the_meshs_group_before_its_constructor_broad
     instrumented()
     dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
     try:
-        dp = c10d.new_group.__wrapped__([0])  # as DeviceMesh makes its groups: no wrapper sees it
-        mesh = DeviceMesh.from_group(dp, "cpu", mesh_dim_names=("dp",))
-        assert all(pg is not dp for pg, _ in attach_seen)
-        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), device_mesh=mesh)
-        assert (dp, 0) in attach_seen
-        assert dp._get_sequence_number_for_group() > 0  # the constructor did issue its C++ collectives
+        sub = c10d.new_group.__wrapped__([0])
+        assert all(pg is not sub for pg, _ in attach_seen)
+        how = {"process_group": sub} if given == "process_group" else {"device_mesh": DeviceMesh.from_group(sub, "cpu")}
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4), **how)
+        assert (sub, 0) in attach_seen
+        assert sub._get_sequence_number_for_group() > 0  # the constructor did issue its C++ collectives
         del model
     finally:
         dist.destroy_process_group()
