@@ -270,3 +270,33 @@ def test_a_torch_with_only_resolve_group_name_resolves_the_group(fake_pg, monkey
     monkeypatch.setattr(capture, "_group_cache", {})
     older = SimpleNamespace(_resolve_group_name=funcol._resolve_group_name)
     assert capture._group_info(older, fake_pg, "") is groups.info(fake_pg)
+
+
+def test_the_tracing_check_says_what_funcols_own_says():
+    """The capture's check binds funcol's C lookups once and asks the pre-dispatch proxy only under
+    pre-dispatch tracing: the same answer in eager, make_fx (plain, pre-dispatch, symbolic) and fake mode;
+    a torch whose _are_we_tracing reads anything else gets its own function."""
+    from types import SimpleNamespace
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    check = capture._tracing_check(funcol)
+    assert check is not funcol._are_we_tracing
+    seen = []
+
+    def f(x):
+        seen.append((check(), funcol._are_we_tracing()))
+        return x + 1
+
+    f(torch.ones(2))
+    for how in ({}, {"pre_dispatch": True}, {"tracing_mode": "symbolic"}):
+        make_fx(f, **how)(torch.ones(2))
+    with FakeTensorMode():
+        f(torch.ones(2))
+    assert seen == [(False, False)] + [(True, True)] * 4
+
+    def other() -> bool:
+        return torch.is_grad_enabled()
+
+    assert capture._tracing_check(SimpleNamespace(_are_we_tracing=other)) is other

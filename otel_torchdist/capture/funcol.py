@@ -420,13 +420,38 @@ def flush_unfinished() -> None:
         end(entry, n.END_UNFINISHED)
 
 
+# what funcol._are_we_tracing reads in torch 2.11-2.13; another body: it is called as it is
+_TRACING_NAMES = ("is_torchdynamo_compiling", "torch", "_C", "_get_dispatch_mode", "_TorchDispatchModeKey", "FAKE",
+                  "_dispatch_tls_is_dispatch_key_included", "DispatchKey", "PythonDispatcher", "get_proxy_mode")  # fmt: skip
+
+
+def _tracing_check(funcol: Any) -> Callable[[], bool]:
+    """funcol's own test, with its C lookups bound once (half its cost a call). Its pre-dispatch proxy
+    lookup runs in Python and can only find a mode while pre-dispatch tracing holds the PreDispatch key:
+    asked only then. Compilation is the callers' first check (_is_compiling)."""
+    full = funcol._are_we_tracing
+    C = torch._C
+    try:
+        if full.__code__.co_names != _TRACING_NAMES:
+            return full
+        get_mode, fake, proxy = C._get_dispatch_mode, C._TorchDispatchModeKey.FAKE, C._TorchDispatchModeKey.PROXY
+        included, dispatcher, pre = C._dispatch_tls_is_dispatch_key_included, C.DispatchKey.PythonDispatcher, C.DispatchKey.PreDispatch
+    except AttributeError:
+        return full
+
+    def tracing() -> bool:
+        return get_mode(fake) is not None or included(dispatcher) or get_mode(proxy) is not None or (included(pre) and full())
+
+    return tracing
+
+
 def patches() -> list[Patch]:
     try:
         import torch.distributed._functional_collectives as funcol
     except ImportError:
         return []
     out = [Patch(sys.modules[__name__], "_LIVE", lambda _: True)]
-    out.append(Patch(sys.modules[__name__], "tracing", lambda _: funcol._are_we_tracing))
+    out.append(Patch(sys.modules[__name__], "tracing", lambda _: _tracing_check(funcol)))
     out += [Patch(funcol, name, _wrap(name, funcol)) for name in _SPECS if hasattr(funcol, name)]
     out.append(Patch(funcol, "wait_tensor", _wrap_wait))
     _ = torch  # the module import above needs torch.distributed initialised as a package
