@@ -404,6 +404,23 @@ def nccl_ddp(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"attached": attached, "comm_hook": hooked, "same": same, "native_hooks": native_hooks}
 
 
+def recv_any_source(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 sends, rank 1 receives from any source (``src=None``): torch returns the sender's rank."""
+    import otel_torchdist
+
+    _instrument(out, rank, run_id="recv-any", native=args.get("native", "auto"))
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    t = torch.full((4,), float(rank))
+    sender = None
+    if rank == 0:
+        dist.send(t, dst=1)
+    else:
+        sender = dist.recv(t)
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"sender": sender}
+
+
 def nccl_timing(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """A big all_reduce on NCCL, timed by the completion hook (GPU machines only)."""
     hook = args.get("nccl_hook", "python")

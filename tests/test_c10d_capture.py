@@ -350,3 +350,17 @@ def test_a_record_of_several_works_stays_in_flight_until_the_last():
     second.set_result(None)
     assert not completion.in_flight() and rec[R.T_END] > 0
     R.QUEUE.clear()
+
+
+@pytest.mark.parametrize("native", ["off", "build"])
+def test_a_receive_from_any_source_names_its_sender(tmp_path, native, request):
+    """``dist.recv(t)`` without ``src``: the peer is the rank torch returns (the native fast path hands
+    such a call to the Python body, which reads it)."""
+    if native == "build":
+        request.getfixturevalue("native_built")
+    out = str(tmp_path / "job")
+    results = run_ranks("recv_any_source", 2, out, {"native": native})
+    assert results[1]["sender"] == 0
+    spans = read_spans(os.path.join(out, "runs", "recv-any", "traces.rank1.jsonl"))
+    (recv,) = [s for s in spans if s["name"] == "recv"]
+    assert recv["attributes"][n.COLL_PEER] == 0

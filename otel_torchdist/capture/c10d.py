@@ -182,6 +182,12 @@ def _inner_size(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], int]:
     return size
 
 
+def _sender(rec: list, result: int) -> None:
+    """recv from any source returns the sender's (global) rank: the record's peer."""
+    if rec[R.PEER] == (None, None) and result >= 0:
+        rec[R.PEER] = (result, None)
+
+
 def _finish(rec: list, result: Any) -> None:
     """Called right after the original returned: attach the sequence number and the completion."""
     gi = _BY_ID[rec[R.GROUP]]
@@ -198,6 +204,8 @@ def _finish(rec: list, result: Any) -> None:
             return
         rec[R.T_END] = perf_counter_ns()
         rec[R.END] = _END_RETURN
+        if result.__class__ is int:
+            _sender(rec, result)
         if len(_QUEUE) < _limit[0]:
             _QUEUE.append(tuple(rec))
         else:
@@ -294,6 +302,8 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
                 rec[_SEQ] = gi.pg._get_sequence_number_for_group() if gi.seq_supported else next(gi.own_seq)
                 rec[_T_END] = t_end
                 rec[_END] = _END_RETURN
+                if result.__class__ is int:
+                    _sender(rec, result)
                 if len(_QUEUE) < _limit[0]:
                     _QUEUE.append(tuple(rec))
                 else:

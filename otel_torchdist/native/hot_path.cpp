@@ -234,6 +234,8 @@ PyObject* describe(HotOp* h, PyObject* args, PyObject* kwargs, PyObject* local, 
     if (root.p == nullptr) return nullptr;
   }
   if (h->has_peer) {
+    // recv from any source: the peer is what the call returns (the Python body reads it)
+    if ((h->p0 < 0 || v[h->p0] == Py_None) && (h->p1 < 0 || v[h->p1] == Py_None)) return nullptr;
     peer.p = PyTuple_Pack(2, h->p0 >= 0 ? v[h->p0] : Py_None, h->p1 >= 0 ? v[h->p1] : Py_None);
     if (peer.p == nullptr) return nullptr;
   }
