@@ -495,8 +495,9 @@ def nccl_graph_capture(rank: int, ws: int, port: int, out: str, args: dict) -> d
             dist.all_reduce(t)
     torch.cuda.current_stream().wait_stream(side)
     graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        dist.all_reduce(t)  # captured, not run: 3 warm-ups and 3 replays multiply t by ws six times
+    with torch.cuda.graph(graph):  # captured, not run: each replay doubles t, then sums it over the ranks
+        t.mul_(2)
+        dist.all_reduce(t)
     for _ in range(3):
         graph.replay()
     torch.cuda.synchronize()
@@ -508,7 +509,7 @@ def nccl_graph_capture(rank: int, ws: int, port: int, out: str, args: dict) -> d
     errors = dict(health.errors())
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
-    return {"value": value, "expected": float(ws ** 6), "pending": pending, "errors": errors}
+    return {"value": value, "expected": float(ws**3 * (2 * ws) ** 3), "pending": pending, "errors": errors}
 
 
 def nccl_funcol(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

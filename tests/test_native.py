@@ -422,3 +422,19 @@ def test_an_untraced_steps_buckets_are_made_natively_as_python_makes_them(native
         want[R.CTX] = ddp_native._models[e[ddp_native.E_OWNER]][1]
         assert got == tuple(want)
         assert got[R.END] == n.END_NCCL_HOOK and got[R.GPU_NS] >= 5_000 and got[R.CTX][0] == "ddp"
+
+
+def test_the_native_group_keeps_each_devices_backend(native_built):
+    """A group of two backends ("cpu:gloo,cuda:nccl", what init_process_group() makes on a GPU machine):
+    what the native group does not record reaches the backend of the tensors' device. Registered under the
+    group's one default type, both devices got the same backend. (A fake backend stands in for NCCL.)"""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeProcessGroup
+
+    store, kinds = dist.HashStore(), dist.ProcessGroup.BackendType
+    pg = dist.ProcessGroup(store, 0, 1)
+    pg._register_backend(torch.device("cpu"), kinds.GLOO, dist.ProcessGroupGloo(store, 0, 1))
+    pg._register_backend(torch.device("cuda"), kinds.CUSTOM, FakeProcessGroup._create_internal(0, 1))
+    pg._set_default_backend(kinds.CUSTOM)
+    timed = native.load().TimedGroup(pg, 0, 0, False)
+    assert [timed._get_backend(torch.device(d)).name() for d in ("cpu", "cuda")] == ["gloo", "fake"]

@@ -486,9 +486,12 @@ def test_the_ops_of_a_coalescing_block_share_its_number_and_its_work(group, repo
     else:
         nccl.expect(gi, block)
         assert len(nccl.pending_records(gi)) == 3
+        time.sleep(_APART)
+        pg.finish_batch(_batch_numbered_as(pg, seq))  # a later batch of that number: not the block's
+        assert not R.QUEUE
         pg.hook(work)
     assert sorted(r[R.OP] for r in R.QUEUE) == ["broadcast", "broadcast", "coalesced"]
-    assert all(r[R.END] == n.END_NCCL_HOOK for r in R.QUEUE) and not gi.pending
+    assert all(r[R.END] == n.END_NCCL_HOOK for r in R.QUEUE) and not gi.pending and not gi.early
 
 
 def test_before_any_collective_shows_the_clocks_agree_a_coalesced_report_joins_on_its_number(group):

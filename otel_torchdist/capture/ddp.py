@@ -451,9 +451,9 @@ def _group_of(args: tuple, kwargs: dict) -> Any:
     mesh = kwargs.get("device_mesh", args[15] if len(args) > 15 else None)
     if pg is None and mesh is not None:
         try:
-            return mesh.get_group(mesh_dim=0)
+            return mesh.get_group(mesh_dim=0) if mesh.ndim == 1 else None  # DDP refuses another mesh
         except Exception:
-            return None  # DDP raises for it (not 1-D)
+            return None
     return pg
 
 

@@ -244,8 +244,9 @@ def expect(gi: groups.GroupInfo, rec: list, in_block: bool = False) -> None:
         shared = gi.pending.get(seq)
         if shared is not None:
             # the ops of one coalescing block (and the block's own record, filed at its end) share its number
-            # and its one work: the block's report ends them all
-            gi.pending[seq] = (shared[0], shared[1], shared[2] + (rec,))
+            # and its one work: the block's report ends them all. The block's record closes the window (a
+            # later batch of that number is not the block's)
+            gi.pending[seq] = (shared[0], filed if shared[1] == _NO_END and not in_block else shared[1], shared[2] + (rec,))
             return
         for report in gi.early.pop(seq, ()):
             if _fits(rec, filed, report[2], report[3]):
@@ -291,7 +292,7 @@ def _join(
             if not _fits(pending[0], pending[1], t_start, coalesced):
                 return  # a point-to-point batch's: its record completes by its future
             del gi.pending[seq]
-            if pending[1] == _NO_END:  # a coalescing block's op: the block's own record may be filed after
+            if pending[1] == _NO_END:  # a coalescing block's ops: the block's own record is still to be filed
                 _keep(gi, seq, (gpu_ns, t_end, t_start, coalesced))
         else:
             # A DDP bucket's native entry (ddp_native.py) waiting for it; else the native side keeps it

@@ -367,9 +367,11 @@ class TimedGroup : public c10d::ProcessGroup {
       : c10d::ProcessGroup(inner->getRank(), inner->getSize()), inner_(inner), gid_(gid), owner_(owner), hooked_(hooked) {
     auto bound = inner_->getBoundDeviceId();
     if (bound) setBoundDeviceId(bound);
-    // Any call not recorded below reaches the real group's backends, registered here as well.
+    // Any call not recorded below reaches the real group's backends, registered here as well, each under
+    // its own type ("cpu:gloo,cuda:nccl": under the default's one type both devices got the first one seen)
     for (const auto& device : inner_->getDeviceTypes()) {
-      setBackend(device.type(), inner_->getBackendType(), inner_->getBackend(device.type()));
+      auto backend = inner_->getBackend(device.type());
+      setBackend(device.type(), strToBackendType(backend->getBackendName()), backend);
     }
     setDefaultBackend(inner_->getBackendType());
   }
