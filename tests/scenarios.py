@@ -506,7 +506,7 @@ def nccl_graph_capture(rank: int, ws: int, port: int, out: str, args: dict) -> d
     import otel_torchdist
 
     pending = sum(len(gi.pending) for gi in groups.all_groups())
-    errors = dict(health.errors())
+    errors = health.errors()  # a copy already
     otel_torchdist.uninstrument()
     # no destroy_process_group(): after a capture of NCCL work it can hang in ncclCommDestroy (torch issue
     # 115388); the process's exit ends the group
