@@ -150,14 +150,23 @@ def fsdp2(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
 def fsdp1(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+    from torch.distributed.fsdp import StateDictType
+    from torch.profiler import ProfilerActivity, profile
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
     _instrument(out, f"fsdp1-ws{ws}")
     model = FSDP(_mlp(), auto_wrap_policy=ModuleWrapPolicy({nn.Linear}), device_id=torch.device("cpu"))
     _train(model, args.get("steps", 2), rank)
+    # Unshards outside the training runtime, counted by torch.profiler too
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with FSDP.summon_full_params(model):
+            pass
+        with FSDP.state_dict_type(model, StateDictType.FULL_STATE_DICT):
+            model.state_dict()
+    counts = Counter(e.name for e in prof.events() if e.name.startswith("gloo:"))
     _finish()
-    return {}
+    return {"profiler_counts": dict(counts)}
 
 
 # --------------------------------------------------------------------------------- tensor parallel

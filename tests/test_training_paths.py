@@ -271,7 +271,13 @@ def test_fsdp1_collectives_carry_their_unit(fsdp1_job):
     for unit in ("Sequential.0", "Sequential.2", "Sequential.4"):
         assert units[(unit, "unshard", "forward")] == units[(unit, "unshard", "backward")] == 2  # two steps
         assert units[(unit, "reduce_scatter", "backward")] == 2
-    assert sum(units.values()) == len(colls) == 18
+        # after training: summon_full_params, then a full state dict, each unshards every unit once
+        assert units[(unit, "unshard", "other")] == 2
+    assert sum(units.values()) == len(colls) == 24
+    assert all(_a(s, n.COLL_FRAMEWORK) == "fsdp1" for s in colls)
+    # torch.profiler's gloo events over the unshards after training
+    outside = Counter(s["name"] for s in colls if _a(s, n.COLL_PHASE) == "other")
+    assert fsdp1_job["results"][0]["profiler_counts"] == {"gloo:all_gather": outside["all_gather"]} == {"gloo:all_gather": 6}
     wraps = [s for s in fsdp1_job["spans"][0] if s["name"] == n.SPAN_FSDP_WRAP]
     # each unit's own parameters: the root wraps only the three inner units (whose FlatParameters, already
     # sharded when it is wrapped, are not its own)

@@ -5,7 +5,7 @@ records; what they lack is the unit. FSDP2: ``FSDPParamGroup.unshard`` (all-gath
 which FSDP2 issues by calling ``unshard`` on the *target* group, so they are attributed to that unit) and
 ``FSDPParamGroup.post_backward`` (reduce-scatters, HSDP all-reduces) set the framework context to the
 group's module FQN for their duration. FSDP1: its runtime's ``_unshard`` and ``_reduce_grad`` functions do
-the same with the handle's module. ``FSDPParamGroup.__init__`` (every ``fully_shard`` call, however the
+the same with the handle's module (``summon_full_params`` and full state dicts too, in the caller's phase). ``FSDPParamGroup.__init__`` (every ``fully_shard`` call, however the
 user imported it) and ``FullyShardedDataParallel.__init__`` become sharding spans with the parameters'
 unsharded and sharded shapes and the mesh.
 """
@@ -127,14 +127,21 @@ def _fsdp1_module_name(handle: Any) -> str:
     return _fsdp1_names.get(module) or type(module).__name__
 
 
-def _wrap_runtime_fn(action: str):
+def _wrap_runtime_fn(action: str, runtime: bool = True):
+    """``runtime``: FSDP1's forward/backward runtime (the phase is forward or backward); else its unshards
+    outside that runtime (``summon_full_params``, full state dicts), which keep the caller's phase."""
+
     def make(orig):
         def fn(state, handle, *args, **kwargs):
             try:
+                if runtime:
+                    phase = "backward" if R.in_backward() or action != "unshard" else "forward"
+                else:
+                    phase = None
                 token = context.push(
                     framework="fsdp1",
                     module=_fsdp1_module_name(handle),
-                    phase="backward" if R.in_backward() or action != "unshard" else "forward",
+                    phase=phase,
                     extras=(n.FSDP_ACTION, action),
                 )
             except Exception as exc:
@@ -199,11 +206,13 @@ def patches() -> list[Patch]:
     except ImportError:
         pass
     try:
-        from torch.distributed.fsdp import _runtime_utils
+        from torch.distributed.fsdp import _runtime_utils, _unshard_param_utils
         from torch.distributed.fsdp.fully_sharded_data_parallel import FullyShardedDataParallel
 
         out += [
             Patch(_runtime_utils, "_unshard", _wrap_runtime_fn("unshard")),
+            # summon_full_params and full state dicts call the runtime's _unshard by the name they imported
+            Patch(_unshard_param_utils, "_unshard", _wrap_runtime_fn("unshard", runtime=False)),
             Patch(_runtime_utils, "_reduce_grad", _wrap_runtime_fn("reduce_scatter")),
             Patch(FullyShardedDataParallel, "__init__", _wrap_fsdp1_init),
         ]
