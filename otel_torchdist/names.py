@@ -197,7 +197,7 @@ END_UNFINISHED = "unfinished"  # never observed to complete (work dropped, or pr
 END_SOURCES = (END_RETURN, END_FUTURE, END_WAIT, END_NCCL_HOOK, END_ENQUEUE, END_UNFINISHED)
 
 # Where a collective came from (attributes on collective spans, set by the framework captures).
-COLL_PHASE = "torchdist.collective.phase"  # forward | backward | optimizer | other
+COLL_PHASE = "torchdist.collective.phase"  # forward | backward | optimizer | checkpoint | other
 COLL_MODULE = "torchdist.collective.module"  # FQN of the module (FSDP unit) that issued it
 COLL_FRAMEWORK = "torchdist.collective.framework"  # c10d | ddp | fsdp | fsdp1 | dtensor | funcol | compiled
 DDP_BUCKET_INDEX = "torchdist.ddp.bucket.index"
