@@ -170,19 +170,28 @@ def _our_exporters(field: str) -> Callable[[config.Config], Any]:
     return read
 
 
+def _signal(name: str) -> Callable[[config.Config], Any]:
+    return lambda cfg: cfg.for_signal(name, "traces")
+
+
 SAMPLER, ARG = "OTEL_TRACES_SAMPLER", "OTEL_TRACES_SAMPLER_ARG"
+_OTLP = "OTEL_EXPORTER_OTLP_"
 ROWS = [
     *(Row(SAMPLER, v, _sampler, _our_sampler) for v in ("always_on", "ALWAYS_OFF", "parentbased_always_off", "sometimes", "parentbased_jaeger_remote", "xray")),
     Row(SAMPLER + "+" + ARG, "traceidratio,0.25", _sampler, _our_sampler),
     Row(SAMPLER + "+" + ARG, "parentbased_traceidratio,2.5", _sampler, _our_sampler),
     Row(SAMPLER + "+" + ARG, "traceidratio,abc", _sampler, _our_sampler),
-    *(Row("OTEL_BSP_SCHEDULE_DELAY", v, _bsp("_schedule_delay"), lambda c: c.span_schedule_delay) for v in ("2500", "5s", "abc")),
+    *(Row("OTEL_BSP_SCHEDULE_DELAY", v, _bsp("_schedule_delay"), lambda c: c.span_schedule_delay) for v in ("2500", "5s", "abc", "2500.5")),
     *(Row("OTEL_BSP_MAX_QUEUE_SIZE", v, _bsp("_max_queue_size"), lambda c: c.span_queue_size) for v in ("4096", "lots", "0", "-5")),
     *(Row("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", v, _bsp("_max_export_batch_size"), lambda c: c.span_batch_size) for v in ("256", "1e3")),
     *(Row("OTEL_METRIC_EXPORT_INTERVAL", v, _metric_interval, lambda c: c.metric_export_interval * 1000) for v in ("15000", "60s", "abc", "0", "-1")),
     *(Row("OTEL_EXPORTER_OTLP_TIMEOUT", v, _http_exporter("timeout"), lambda c: c.timeout) for v in ("3", "2.5", "abc")),
     *(Row("OTEL_EXPORTER_OTLP_COMPRESSION", v, _http_exporter("compression"), lambda c: c.compression) for v in ("gzip", "GZIP", "deflate", "none", "brotli")),
     *(Row("OTEL_EXPORTER_OTLP_HEADERS", v, _http_exporter("headers"), lambda c: c.headers) for v in ("a=b,c=d", "Authorization=Bearer%20x", "a=b,bad", "A=B")),
+    # A per-signal variable wins over the generic one; one the SDK cannot use gives the default, not the generic
+    *(Row(_OTLP + "TIMEOUT+" + _OTLP + "TRACES_TIMEOUT", v, _http_exporter("timeout"), _signal("timeout")) for v in ("3,2", "3,abc")),
+    *(Row(_OTLP + "COMPRESSION+" + _OTLP + "TRACES_COMPRESSION", v, _http_exporter("compression"), _signal("compression")) for v in ("gzip,none", "gzip,brotli")),
+    *(Row(_OTLP + "HEADERS+" + _OTLP + "TRACES_HEADERS", v, _http_exporter("headers"), _signal("headers")) for v in ("g=1,t=2", "g=1,bad")),
     *(Row("OTEL_EXPORTER_OTLP_ENDPOINT", v, _http_exporter("endpoint"), _our_endpoint) for v in ("http://collector:4318", "http://collector:4318/")),
     *(Row("OTEL_RESOURCE_ATTRIBUTES", v, _resource, _our_resource) for v in ("team=ml,bad", "a=b,,c=d", "a=%20x", "k=", "a=b=c", "service.name=svc")),
     Row("OTEL_SERVICE_NAME", "trainer", _resource, _our_resource),

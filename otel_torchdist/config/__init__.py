@@ -20,7 +20,7 @@ import dataclasses
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, ClassVar
 
 from . import values
 from .environment import (
@@ -127,7 +127,12 @@ class Config:
     metrics_insecure: bool | None = None
     """Per-signal overrides of the six settings above, as the spec defines them. Env:
     ``OTEL_EXPORTER_OTLP_{TRACES,METRICS}_{TIMEOUT,COMPRESSION,CERTIFICATE,CLIENT_KEY,CLIENT_CERTIFICATE,
-    INSECURE}``. Unset (None): the signal uses the generic setting."""
+    INSECURE}``. Unset (None): the signal uses the generic setting. A per-signal variable set to a value the
+    SDK cannot use gives its signal the default, not the generic setting, as in the SDK."""
+
+    # Per-signal fields whose variable was set to a value the SDK cannot use (``load`` fills it): their signal
+    # takes the default, as the SDK's exporters do once the per-signal variable is set.
+    _refused: ClassVar[frozenset[str]] = frozenset()
 
     traces_exporter: tuple[str, ...] | None = None
     """Where spans go, any of ``otlp``, ``file`` (OTLP JSON lines in the run folder), ``console``, ``none``,
@@ -502,6 +507,8 @@ class Config:
     def for_signal(self, name: str, signal: str) -> Any:
         """``name`` (timeout, compression, certificate, client_key, client_certificate, insecure, headers)
         as it applies to ``signal`` (``traces`` or ``metrics``): the per-signal setting when given."""
+        if f"{signal}_{name}" in self._refused:
+            return dict(_DEFAULTS[name]) if name == "headers" else _DEFAULTS[name]
         if name == "headers":
             return dict(getattr(self, f"{signal}_headers") or self.headers)
         value = getattr(self, f"{signal}_{name}")
@@ -517,6 +524,12 @@ class Config:
 
 
 OPTION_NAMES = tuple(f.name for f in dataclasses.fields(Config))
+_SIGNAL_FIELDS = frozenset(
+    f"{signal}_{name}"
+    for signal in ("traces", "metrics")
+    for name in ("timeout", "compression", "certificate", "client_key", "client_certificate", "insecure", "headers")
+)
+_SIGNAL_HEADERS = ("traces_headers", "metrics_headers")
 _DEFAULTS = {f.name: f.default if f.default is not dataclasses.MISSING else f.default_factory() for f in dataclasses.fields(Config)}
 
 
@@ -536,6 +549,7 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
     warn_unknown_variables(env)
     values: dict[str, Any] = {}
     from_env: dict[str, tuple[str, str]] = {}
+    refused: set[str] = set()
     for var, name, parse in _ENV:
         raw = env.get(var)
         if raw is None or raw.strip() == "" or var == "OTEL_SDK_DISABLED":
@@ -546,7 +560,10 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
             if not shared(var):
                 raise ValueError(f"{var}={raw!r}: {exc}") from None
             ignored(var, raw, str(exc))
+            refused.add(name)
             continue
+        if name in _SIGNAL_HEADERS and not values[name]:
+            refused.add(name)  # no usable header in it: the SDK sends none, not the generic ones
         from_env[name] = (var, raw)  # the later of two variables for one field wins: the per-signal one
     if env.get("OTEL_RESOURCE_DETECTORS", "").strip() and not env.get("OTEL_EXPERIMENTAL_RESOURCE_DETECTORS", "").strip():
         ignored("OTEL_RESOURCE_DETECTORS", env["OTEL_RESOURCE_DETECTORS"], "the OpenTelemetry Python SDK reads OTEL_EXPERIMENTAL_RESOURCE_DETECTORS instead")
@@ -562,10 +579,15 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
             options[name] = {**values[name], **options[name]}
     for name in options:
         from_env.pop(name, None)
+        refused.discard(name)
     values.update(options)
     while True:
         try:
-            return Config(**values).validate()
+            cfg = Config(**values).validate()
+            signal_refused = frozenset(refused & _SIGNAL_FIELDS)
+            if signal_refused:
+                cfg._refused = signal_refused
+            return cfg
         except OptionError as exc:
             if exc.option not in from_env:
                 raise
@@ -573,6 +595,7 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
             if not shared(var):
                 raise ValueError(f"{var}={raw!r}: {exc.reason}") from None
             ignored(var, raw, exc.reason)  # the default instead, and validate again
+            refused.add(exc.option)
             del values[exc.option]
 
 

@@ -182,6 +182,15 @@ def _parse_ms(raw: str) -> float:
     return value / 1000.0
 
 
+def _parse_int_ms(raw: str) -> float:
+    # The SDK's BatchSpanProcessor reads its delay with int(): a fraction is not a value it uses.
+    try:
+        int(raw)
+    except ValueError:
+        raise ValueError("expected a whole number of milliseconds") from None
+    return _parse_ms(raw)
+
+
 def _parse_seconds(raw: str) -> float:
     try:
         value = float(raw)
@@ -293,7 +302,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_TRACES_SAMPLER", "traces_sampler", _parse_sampler),
     ("OTEL_TRACES_SAMPLER_ARG", "traces_sampler_arg", _std(_parse_float)),  # [0, 1]: validate(), as every bound
     ("OTEL_METRIC_EXPORT_INTERVAL", "metric_export_interval", _std(_parse_ms)),
-    ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _std(_parse_ms)),
+    ("OTEL_BSP_SCHEDULE_DELAY", "span_schedule_delay", _std(_parse_int_ms)),
     ("OTEL_BSP_MAX_QUEUE_SIZE", "span_queue_size", _std(_parse_int)),
     ("OTEL_BSP_MAX_EXPORT_BATCH_SIZE", "span_batch_size", _std(_parse_int)),
     ("OTEL_EXPORTER_PROMETHEUS_HOST", "prometheus_host", _std(_parse_str)),
