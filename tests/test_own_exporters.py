@@ -43,6 +43,30 @@ def test_span_limits_cut_as_the_sdk_cuts(fake_pg, instrumented, monkeypatch):
     assert dict(limited(span, 3, 6).attributes) == expected
 
 
+def test_events_and_links_take_the_global_value_limit_alone_as_in_the_sdk(monkeypatch):
+    from opentelemetry.sdk.trace import TracerProvider
+    from opentelemetry.trace import Link, SpanContext
+
+    from otel_torchdist import config
+    from otel_torchdist.drain.spans import limited
+    from otel_torchdist.telemetry import SpanData
+
+    long = "x" * 40
+    for env in ({"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "10"}, {"OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT": "30", "OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT": "5"}):
+        with monkeypatch.context() as mp:
+            for k, v in env.items():
+                mp.setenv(k, v)
+            tracer = TracerProvider(shutdown_on_exit=False).get_tracer("t")
+            link = Link(SpanContext(3, 4, True), {"l": long})
+            with tracer.start_as_current_span("x", attributes={"a": long}, links=[link]) as sdk_span:
+                sdk_span.add_event("e", {"m": long})
+            expected = (len(sdk_span.attributes["a"]), len(sdk_span.events[0].attributes["m"]), len(sdk_span.links[0].attributes["l"]))
+        cfg = config.load({}, environ=env)
+        span = SpanData("x", 1, 2, None, 0, 1, [("a", long)], (), events=[("e", 1, [("m", long)])], links=((3, 4, (("l", long),)),))
+        cut = limited(span, cfg.attribute_value_length_limit, cfg.attribute_count_limit, cfg.event_attribute_value_length_limit)
+        assert (len(dict(cut.attributes)["a"]), len(cut.events[0][2][0][1]), len(cut.links[0][2][0][1])) == expected
+
+
 def test_delta_temporality_sends_what_happened_since_the_last_export():
     from google.protobuf.json_format import MessageToDict
     from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceRequest

@@ -169,6 +169,11 @@ class Config:
     SDK cuts them. Env: ``OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT``, else ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT``.
     Default: no limit."""
 
+    event_attribute_value_length_limit: int | None = None
+    """Longest string attribute value of a span's events and links (an exception's message, a warning's) the
+    library's own exporters send. Env: ``OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT`` alone: the SDK applies the
+    span-only variable to a span's own attributes, not to its events' and links'. Default: no limit."""
+
     attribute_count_limit: int = 128
     """Most attributes a span the library's own exporters send may carry (the rest are left out, as the SDK
     leaves them out). Env: ``OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT``, else ``OTEL_ATTRIBUTE_COUNT_LIMIT``."""
@@ -408,8 +413,9 @@ class Config:
                     raise OptionError(name, f"{item!r} is neither one of {', '.join(builtin)} nor an exporter installed for the OpenTelemetry SDK (entry point group {EXPORTER_GROUPS[name]})")
             setattr(self, name, tuple(value))
         values.choice("metrics_temporality", self.metrics_temporality, TEMPORALITIES)
-        if self.attribute_value_length_limit is not None:
-            values.integer("attribute_value_length_limit", self.attribute_value_length_limit, 0)
+        for name in ("attribute_value_length_limit", "event_attribute_value_length_limit"):
+            if getattr(self, name) is not None:
+                values.integer(name, getattr(self, name), 0)
         values.integer("attribute_count_limit", self.attribute_count_limit, 0)
         if self.traces_sampler is not None:
             values.choice("traces_sampler", self.traces_sampler, SAMPLERS)

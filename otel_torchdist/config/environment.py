@@ -311,6 +311,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     ("OTEL_EXPORTER_OTLP_METRICS_TEMPORALITY_PREFERENCE", "metrics_temporality", _std(_parse_choice(TEMPORALITIES))),
     ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _std(_parse_int)),
     ("OTEL_SPAN_ATTRIBUTE_VALUE_LENGTH_LIMIT", "attribute_value_length_limit", _std(_parse_int)),
+    ("OTEL_ATTRIBUTE_VALUE_LENGTH_LIMIT", "event_attribute_value_length_limit", _std(_parse_int)),
     ("OTEL_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _std(_parse_int)),
     ("OTEL_SPAN_ATTRIBUTE_COUNT_LIMIT", "attribute_count_limit", _std(_parse_int)),
     (PREFIX + "PROMETHEUS", "prometheus", _parse_bool),
@@ -347,7 +348,7 @@ _ENV: tuple[tuple[str, str, Any], ...] = (
     (PREFIX + "WARN_MEMORY_FRACTION", "warn_memory_fraction", _parse_float),
 )
 
-ENV_VARS = tuple(var for var, _, _ in _ENV)
+ENV_VARS = tuple(dict.fromkeys(var for var, _, _ in _ENV))
 # Read outside the configuration: where the native part's builds live (otel_torchdist.native, which
 # `otel-torchdist build-native` uses without a Config).
 ELSEWHERE = (PREFIX + "NATIVE_DIR",)

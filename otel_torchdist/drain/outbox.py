@@ -109,7 +109,12 @@ class Outbox:
         self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
         self._queues = list(self.encoded.values())
         # Spans are far below the default limits (128 attributes, no value limit): checked only when set.
-        if self.cfg.attribute_value_length_limit is not None or self.cfg.attribute_count_limit < SPAN_ATTRIBUTES_MAX:
+        cfg = self.cfg
+        if (
+            cfg.attribute_value_length_limit is not None
+            or cfg.event_attribute_value_length_limit is not None
+            or cfg.attribute_count_limit < SPAN_ATTRIBUTES_MAX
+        ):
             self.enqueue = self._enqueue_limited
         while self.pending:
             self.enqueue(self.pending.popleft())
@@ -163,7 +168,10 @@ class Outbox:
         cut = None
         for fmt, queue in self.encoded.items():
             if fmt != "data" and cut is None:
-                cut = limited(span, self.cfg.attribute_value_length_limit, self.cfg.attribute_count_limit)
+                cfg = self.cfg
+                cut = limited(
+                    span, cfg.attribute_value_length_limit, cfg.attribute_count_limit, cfg.event_attribute_value_length_limit
+                )
             queue.append(self.encoders[fmt](span if fmt == "data" else cut))
 
     def _clear_spans(self) -> int:

@@ -232,17 +232,20 @@ def _cut(value: Any, limit: int) -> Any:
     return value
 
 
-def limited(span: SpanData, value_limit: int | None, count_limit: int) -> SpanData:
+def limited(span: SpanData, value_limit: int | None, count_limit: int, event_value_limit: int | None = None) -> SpanData:
     """``span`` within the span limits the SDK applies (OTEL_*ATTRIBUTE_VALUE_LENGTH_LIMIT,
     OTEL_*ATTRIBUTE_COUNT_LIMIT): string values cut to ``value_limit`` characters, and of more than
-    ``count_limit`` attributes the last ones kept, as the SDK's bounded attributes keep them."""
+    ``count_limit`` attributes the last ones kept, as the SDK's bounded attributes keep them; its events' and
+    links' string values cut to ``event_value_limit`` (the SDK's global limit, not the span-only one)."""
     pairs = span.all_attributes()
     items = [(k, v) for k, v in pairs.items() if v is not None][-count_limit:] if count_limit else []
-    events = span.events
     if value_limit is not None:
         items = [(k, _cut(v, value_limit)) for k, v in items]
-        events = [(name, t, [(k, _cut(v, value_limit)) for k, v in attrs]) for name, t, attrs in events]
+    events, links = span.events, span.links
+    if event_value_limit is not None:
+        events = [(name, t, [(k, _cut(v, event_value_limit)) for k, v in attrs]) for name, t, attrs in events]
+        links = tuple((t, s, tuple((k, _cut(v, event_value_limit)) for k, v in attrs)) for t, s, attrs in links)
     return SpanData(
         span.name, span.trace_id, span.span_id, span.parent_span_id, span.start_ns, span.end_ns, items, (),
-        span.error, events, span.sampled, span.remote_parent, span.links,
+        span.error, events, span.sampled, span.remote_parent, links,
     )  # fmt: skip
