@@ -433,3 +433,20 @@ def test_the_fast_exporter_compresses_as_configured(compression):
         assert got["headers"]["Content-Encoding"] == compression and len(rx.spans()) == 3  # decoded by the receiver
     finally:
         rx.stop()
+
+
+@pytest.mark.parametrize("form", ["%a, %d %b %Y %H:%M:%S GMT", "%A, %d-%b-%y %H:%M:%S GMT", "%a %b %d %H:%M:%S %Y", "%a, %d %b %Y %H:%M:%S -0000"])
+def test_a_retry_after_date_is_gmt_whatever_the_local_zone(form, monkeypatch):
+    """RFC 9110's three date forms (asctime's has no zone: it is GMT), read on a machine far from GMT."""
+    from datetime import datetime, timedelta, timezone
+
+    from otel_torchdist.export.retry import retry_after
+
+    value = (datetime.now(timezone.utc) + timedelta(seconds=100)).strftime(form)
+    monkeypatch.setenv("TZ", "America/Los_Angeles")
+    time.tzset()
+    try:
+        assert 97 <= retry_after(value) <= 101
+    finally:
+        monkeypatch.undo()
+        time.tzset()

@@ -23,6 +23,7 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from datetime import timezone
 from email.utils import parsedate_to_datetime
 
 MAX_TRIES = 6
@@ -85,4 +86,6 @@ def retry_after(value: str | None) -> float | None:
         when = parsedate_to_datetime(value)
     except (TypeError, ValueError):
         return None
+    if when.tzinfo is None:  # asctime's form (and "-0000") carry no zone: an HTTP date is GMT (RFC 9110)
+        when = when.replace(tzinfo=timezone.utc)
     return max(when.timestamp() - time.time(), 0.0)
