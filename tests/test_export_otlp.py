@@ -450,3 +450,25 @@ def test_a_retry_after_date_is_gmt_whatever_the_local_zone(form, monkeypatch):
     finally:
         monkeypatch.undo()
         time.tzset()
+
+
+def test_grpc_unavailable_with_a_retry_delay_is_tried_again_after_it():
+    """A collector that is up but overloaded answers UNAVAILABLE with RetryInfo: tried again after the delay
+    it asks for, as the SDK's gRPC exporter tries again (not taken for an unreachable one and given up)."""
+    import grpc
+
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpGrpcSink
+
+    from .test_faults_export import OtlpGrpcReceiver
+
+    rx = OtlpGrpcReceiver(answers=[(grpc.StatusCode.UNAVAILABLE, 0.4)] * 2)
+    sink = OtlpGrpcSink(Config(endpoint=rx.endpoint), "traces")
+    try:
+        assert sink.export_spans({"service.name": "busy"}, [], timeout=10)
+        times = [c.get("failed") for c in rx.calls]
+        assert len(rx.calls) == 3 and times[2] is None
+        assert times[1] - times[0] >= 0.35
+    finally:
+        sink.shutdown()
+        rx.stop()

@@ -219,15 +219,28 @@ class OtlpGrpcReceiver:
     """A real OTLP/gRPC server (grpcio, opentelemetry-proto services) with TLS server credentials: keeps
     every request with its metadata and the client certificate's common name."""
 
-    def __init__(self, credentials: Any) -> None:
+    def __init__(self, credentials: Any = None, answers: list | None = None) -> None:
+        """``credentials`` None: plaintext. ``answers``: (status code, RetryInfo delay in seconds or None) the
+        first calls fail with, in order; then every call succeeds."""
         import grpc
+        from google.rpc.error_details_pb2 import RetryInfo
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as ms
         from opentelemetry.proto.collector.trace.v1 import trace_service_pb2 as ts
 
         self.calls: list[dict[str, Any]] = []
+        self.answers = list(answers or [])
+        self.credentials = credentials
 
         def handler(signal: str, response: Any):
             def export(request, context):
+                if self.answers:
+                    self.calls.append({"signal": signal, "failed": time.monotonic()})
+                    code, delay = self.answers.pop(0)
+                    if delay is not None:
+                        info = RetryInfo()
+                        info.retry_delay.FromNanoseconds(int(delay * 1e9))
+                        context.set_trailing_metadata((("google.rpc.retryinfo-bin", info.SerializeToString()),))
+                    context.abort(code, "scripted failure")
                 auth = context.auth_context()
                 self.calls.append(
                     {
@@ -253,18 +266,21 @@ class OtlpGrpcReceiver:
                 response_serializer=response.SerializeToString,
             )
             self.server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(service, {"Export": method}),))
-        self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
+        if credentials is None:
+            self.port = self.server.add_insecure_port("127.0.0.1:0")
+        else:
+            self.port = self.server.add_secure_port("127.0.0.1:0", credentials)
         self.server.start()
 
     @property
     def endpoint(self) -> str:
-        return f"https://127.0.0.1:{self.port}"
+        return f"{'http' if self.credentials is None else 'https'}://127.0.0.1:{self.port}"
 
     def spans(self) -> list[Any]:
         return [
             s
             for c in list(self.calls)
-            if c["signal"] == "traces"
+            if c["signal"] == "traces" and "request" in c
             for rs in c["request"].resource_spans
             for ss in rs.scope_spans
             for s in ss.spans

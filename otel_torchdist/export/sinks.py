@@ -515,11 +515,16 @@ class OtlpGrpcSink(Sink):
             name = code().name if callable(code) else type(exc).__name__
             details = getattr(exc, "details", None)
             reason = f"{name}: {details()}" if callable(details) else name
+            delay = _retry_info(exc)
+            if name == "UNAVAILABLE" and delay is not None:
+                # A server that says when to come back is up (overloaded): tried again after its delay, as
+                # the SDK's exporter tries again.
+                return retry.Outcome(False, True, reason, delay)
             # Unreachable: reconnect on the next call. Not after a failed TLS handshake: the collector is up,
             # the configuration is wrong, and every new handshake would only add a line to gRPC's own log.
             if name == "UNAVAILABLE" and "handshake" not in reason.lower():
                 self._reconnect = True
-            return retry.Outcome(False, name in retry.RETRYABLE_GRPC, reason, _retry_info(exc), unreachable=name == "UNAVAILABLE")
+            return retry.Outcome(False, name in retry.RETRYABLE_GRPC, reason, delay, unreachable=name == "UNAVAILABLE")
         return retry.Outcome(True)
 
     def export_span_fragments(self, resource, fragments, timeout=None):
