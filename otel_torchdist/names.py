@@ -469,8 +469,8 @@ TELEMETRY_DROPPED = Metric(
     "torchdist.telemetry.dropped",
     "counter",
     "{item}",
-    "Telemetry items not exported, to protect training (kind=record|span|span_batch|metric_batch|"
-    "span_step_limit|span_file_rotated|straggler_window).",
+    "Telemetry items not exported, to protect training, or refused by the collector (kind=record|span|"
+    "span_batch|metric_batch|metric_point|span_step_limit|span_file_rotated|straggler_window).",
     (M_RUN, M_RANK, M_KIND),
 )
 TELEMETRY_ERRORS = Metric(

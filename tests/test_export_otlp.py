@@ -11,6 +11,7 @@ import base64
 import http.client
 import http.server
 import json
+import logging
 import threading
 import time
 import urllib.parse
@@ -472,3 +473,57 @@ def test_grpc_unavailable_with_a_retry_delay_is_tried_again_after_it():
     finally:
         sink.shutdown()
         rx.stop()
+
+
+@pytest.mark.parametrize("transport", ["http/protobuf", "http/json", "grpc"])
+def test_what_the_collector_rejects_in_a_partial_success_is_counted_and_said_once(transport, caplog):
+    """OTLP's partial success (accepted, but some items refused, never sent again per the spec): the refused
+    spans and data points count as dropped, and the collector's message is said once per destination."""
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    from otel_torchdist import health
+    from otel_torchdist.config import Config
+    from otel_torchdist.drain.metrics import MetricStore, collective_metrics
+    from otel_torchdist.export.sinks import OtlpGrpcSink, OtlpHttpSink
+
+    from .test_faults_export import OtlpGrpcReceiver, OtlpHttpReceiver
+
+    if transport == "grpc":
+        rx = OtlpGrpcReceiver(rejected=(3, "spans too old"))
+    else:
+        traces, metrics = ExportTraceServiceResponse(), ExportMetricsServiceResponse()
+        traces.partial_success.rejected_spans = 3
+        metrics.partial_success.rejected_data_points = 2
+        for m in (traces, metrics):
+            m.partial_success.error_message = "spans too old"
+        if transport == "http/json":
+            bodies = [json.dumps({"partialSuccess": {"rejectedSpans": "3", "errorMessage": "spans too old"}}).encode(),
+                      json.dumps({"partialSuccess": {"rejectedDataPoints": "2", "errorMessage": "spans too old"}}).encode()]  # fmt: skip
+        else:
+            bodies = [traces.SerializeToString(), metrics.SerializeToString()]
+        rx = OtlpHttpReceiver(answers=[(200, {}, body) for body in bodies for _ in range(2)])
+    health.reset()
+    cfg = Config(endpoint=rx.endpoint)
+    spans_sink = OtlpGrpcSink(cfg, "traces") if transport == "grpc" else OtlpHttpSink(cfg, "traces", transport)
+    store = MetricStore()
+    store.observe("all_reduce", "default_pg", 0.001, 100, 100.0, False)
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_torchdist"):
+            for _ in range(2):
+                assert spans_sink.export_spans({"service.name": "p"}, [], timeout=5)
+            if transport != "grpc":
+                metrics_sink = OtlpHttpSink(cfg, "metrics", transport)
+                for _ in range(2):
+                    assert metrics_sink.export_metrics({"service.name": "p"}, collective_metrics(store.snapshot(), {}), 1, 2, timeout=5)
+                metrics_sink.shutdown()
+        drops = health.drops()
+        assert drops.get("span") == 6
+        if transport != "grpc":
+            assert drops.get("metric_point") == 4
+        said = [r.getMessage() for r in caplog.records if "rejected" in r.getMessage()]
+        assert len(said) == (1 if transport == "grpc" else 2) and all("spans too old" in line for line in said), said
+    finally:
+        spans_sink.shutdown()
+        rx.stop()
+        health.reset()

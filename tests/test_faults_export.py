@@ -144,7 +144,7 @@ class _QuietServer(http.server.ThreadingHTTPServer):
 class OtlpHttpReceiver:
     """A real OTLP/HTTP server (http.server): keeps every request (path, headers, raw body, client
     certificate), answers 200 after ``delay`` seconds; HTTPS when given an ``ssl`` server context. The first
-    requests get the ``answers`` given instead, (status, headers) each, in order."""
+    requests get the ``answers`` given instead, (status, headers) or (status, headers, body) each, in order."""
 
     def __init__(self, delay: float = 0.0, tls: ssl.SSLContext | None = None, answers: list | None = None) -> None:
         self.requests: list[dict[str, Any]] = []
@@ -165,7 +165,9 @@ class OtlpHttpReceiver:
                 time.sleep(delay)
                 json_body = self.headers.get("Content-Type") == "application/json"
                 reply = b"{}" if json_body else b""
-                status, extra = rx.answers.pop(0) if rx.answers else (200, {})
+                status, extra, *body_given = rx.answers.pop(0) if rx.answers else (200, {})
+                if body_given:
+                    reply = body_given[0]
                 self.send_response(status)
                 for key, value in extra.items():
                     self.send_header(key, value)
@@ -219,9 +221,10 @@ class OtlpGrpcReceiver:
     """A real OTLP/gRPC server (grpcio, opentelemetry-proto services) with TLS server credentials: keeps
     every request with its metadata and the client certificate's common name."""
 
-    def __init__(self, credentials: Any = None, answers: list | None = None) -> None:
+    def __init__(self, credentials: Any = None, answers: list | None = None, rejected: tuple[int, str] | None = None) -> None:
         """``credentials`` None: plaintext. ``answers``: (status code, RetryInfo delay in seconds or None) the
-        first calls fail with, in order; then every call succeeds."""
+        first calls fail with, in order; then every call succeeds, with a partial success of ``rejected``
+        (count, message) when given."""
         import grpc
         from google.rpc.error_details_pb2 import RetryInfo
         from opentelemetry.proto.collector.metrics.v1 import metrics_service_pb2 as ms
@@ -250,7 +253,11 @@ class OtlpGrpcReceiver:
                         "client_cn": [v.decode() for v in auth.get("x509_common_name", [])],
                     }
                 )
-                return response()
+                reply = response()
+                if rejected is not None:
+                    setattr(reply.partial_success, "rejected_spans" if signal == "traces" else "rejected_data_points", rejected[0])
+                    reply.partial_success.error_message = rejected[1]
+                return reply
 
             return export
 

@@ -314,6 +314,38 @@ def _signal_endpoint(base: str | None, specific: str | None, protocol: str, path
     return base.rstrip("/") + "/" + path
 
 
+def _partial_success(signal: str, body: bytes, as_json: bool) -> tuple[int, str]:
+    """(items rejected, the collector's message) from an OTLP/HTTP success response's ``partial_success``."""
+    if not body:
+        return 0, ""
+    if as_json:
+        partial = json.loads(body).get("partialSuccess") or {}
+        count = partial.get("rejectedSpans" if signal == "traces" else "rejectedDataPoints") or 0
+        return int(count), str(partial.get("errorMessage") or "")
+    from opentelemetry.proto.collector.metrics.v1.metrics_service_pb2 import ExportMetricsServiceResponse
+    from opentelemetry.proto.collector.trace.v1.trace_service_pb2 import ExportTraceServiceResponse
+
+    response = (ExportTraceServiceResponse if signal == "traces" else ExportMetricsServiceResponse).FromString(body)
+    return _rejected_in(signal, response)
+
+
+def _rejected_in(signal: str, response: Any) -> tuple[int, str]:
+    partial = response.partial_success
+    return (partial.rejected_spans if signal == "traces" else partial.rejected_data_points), partial.error_message
+
+
+def _count_rejected(signal: str, rejected: tuple[int, str], where: str) -> None:
+    """What a collector accepted the request but not (OTLP partial success: never sent again, per the spec):
+    counted as dropped, and said once per destination."""
+    count, message = rejected
+    if count:
+        health.dropped("span" if signal == "traces" else "metric_point", count)
+    if count or message:
+        what = "spans" if signal == "traces" else "data points"
+        health.warn_once(f"partial_success:{where}", "%s: the collector rejected %d %s (%s); counted as dropped",
+                         where, count, what, message or "no message")  # fmt: skip
+
+
 class OtlpHttpSink(Sink):
     """OTLP over HTTP through a ``requests.Session``, tried again as the SDK's exporters try again
     (:mod:`.retry`): spans (encoded by the library) or metrics (protobuf by the SDK's encoder, sdk_metrics.py)."""
@@ -387,6 +419,10 @@ class OtlpHttpSink(Sink):
             return retry.Outcome(False, reason=f"{type(reason).__name__}: {reason}", unreachable=isinstance(exc, self._unreachable))
         status = resp.status_code
         if 200 <= status < 300:
+            try:
+                _count_rejected(self.signal, _partial_success(self.signal, resp.content, self.json), self.describe())
+            except Exception as exc:  # a body that is not an OTLP response: the request was accepted
+                health.error("export", f"could not read the collector's response ({self.describe()})", exc)
             return retry.Outcome(True)
         retryable = status in retry.RETRYABLE_HTTP
         delay = retry.retry_after(resp.headers.get("Retry-After")) if retryable else None
@@ -509,7 +545,7 @@ class OtlpGrpcSink(Sink):
                 old = self.channel
                 self._connect()
                 old.close()
-            self.export_call(request, metadata=self.metadata, timeout=timeout)
+            response = self.export_call(request, metadata=self.metadata, timeout=timeout)
         except Exception as exc:
             code = getattr(exc, "code", None)
             name = code().name if callable(code) else type(exc).__name__
@@ -525,6 +561,10 @@ class OtlpGrpcSink(Sink):
             if name == "UNAVAILABLE" and "handshake" not in reason.lower():
                 self._reconnect = True
             return retry.Outcome(False, name in retry.RETRYABLE_GRPC, reason, delay, unreachable=name == "UNAVAILABLE")
+        try:
+            _count_rejected(self.signal, _rejected_in(self.signal, response), self.describe())
+        except Exception as exc:
+            health.error("export", f"could not read the collector's response ({self.describe()})", exc)
         return retry.Outcome(True)
 
     def export_span_fragments(self, resource, fragments, timeout=None):
