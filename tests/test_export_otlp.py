@@ -527,3 +527,24 @@ def test_what_the_collector_rejects_in_a_partial_success_is_counted_and_said_onc
         spans_sink.shutdown()
         rx.stop()
         health.reset()
+
+
+def test_an_export_to_a_collector_that_answers_a_byte_at_a_time_ends_at_its_timeout(caplog):
+    """requests' timeout bounds each read; the exporter's bounds the whole request, as the OTLP timeout means."""
+    from otel_torchdist.config import Config
+    from otel_torchdist.export.sinks import OtlpHttpSink
+
+    from .test_faults_export import BlackHole
+
+    drip = BlackHole(trickle=True)
+    sink = OtlpHttpSink(Config(endpoint=drip.endpoint, timeout=1.0), "traces", "http/protobuf")
+    try:
+        with caplog.at_level(logging.WARNING, logger="otel_torchdist"):
+            t0 = time.monotonic()
+            assert not sink.export_spans({"service.name": "drip"}, [])
+            assert time.monotonic() - t0 < 1.5
+        assert any("kept the request open" in r.getMessage() for r in caplog.records), caplog.records
+        assert len(drip.connections) == 1  # not tried again: the time was spent
+    finally:
+        sink.shutdown()
+        drip.stop()

@@ -90,9 +90,12 @@ def _prom_value(text: str, name: str, **labels: str) -> float:
 
 # ------------------------------------------------------------------------------------- real receivers
 class BlackHole:
-    """A TCP server that accepts every connection, reads what it is sent, and never answers."""
+    """A TCP server that accepts every connection, reads what it is sent, and never answers; with ``trickle``,
+    answers a byte every 0.2 s of a status line and a header that never end (never silent as long as a
+    client's read timeout: only a deadline for the whole request ends it)."""
 
-    def __init__(self) -> None:
+    def __init__(self, trickle: bool = False) -> None:
+        self.trickle = trickle
         self.sock = socket.socket()
         self.sock.bind(("127.0.0.1", 0))
         self.sock.listen(64)
@@ -118,14 +121,25 @@ class BlackHole:
             self._conns.append(conn)
             threading.Thread(target=self._swallow, args=(conn, info), daemon=True).start()
 
-    @staticmethod
-    def _swallow(conn: socket.socket, info: dict) -> None:
+    def _swallow(self, conn: socket.socket, info: dict) -> None:
         try:
             while data := conn.recv(65536):
+                if self.trickle and not info["bytes"]:
+                    threading.Thread(target=self._drip, args=(conn,), daemon=True).start()
                 info["bytes"] += len(data)
         except OSError:
             pass
         info["closed"] = time.time()
+
+    def _drip(self, conn: socket.socket) -> None:
+        answer = b"HTTP/1.1 200 OK\r\nX-Pad: "
+        try:
+            while not self._stop.is_set():
+                conn.sendall(answer[:1] or b"a")
+                answer = answer[1:]
+                time.sleep(0.2)
+        except OSError:
+            pass
 
     def stop(self) -> None:
         self._stop.set()
@@ -534,10 +548,13 @@ def test_stuck_export_exit_is_bounded_by_flush_timeout(stuck):
     assert stuck["exited"] - last < STUCK["flush_timeout"] + 3.0, f"exit flushes over {after} s after the last step"
 
 
-def test_the_end_of_a_job_waits_one_flush_timeout_for_a_collector_that_never_answers(tmp_path):
+@pytest.mark.parametrize("trickle", [False, True], ids=["silent", "a_byte_at_a_time"])
+def test_the_end_of_a_job_waits_one_flush_timeout_for_a_collector_that_never_answers(trickle, tmp_path):
     """destroy_process_group() and exit each flush; against a black hole each of their posts would wait its
-    whole time out (2 x flush_timeout a rank): they share one flush_timeout between them."""
-    hole = BlackHole()
+    whole time out (2 x flush_timeout a rank): they share one flush_timeout between them. A collector that
+    answers a byte at a time, never silent for as long as a read timeout, holds a post past any per-read
+    timeout: the end of the job still waits one flush_timeout at most."""
+    hole = BlackHole(trickle=trickle)
     flush_timeout = 3.0
     try:
         out = str(tmp_path / "hole")
