@@ -300,3 +300,20 @@ def test_the_tracing_check_says_what_funcols_own_says():
         return torch.is_grad_enabled()
 
     assert capture._tracing_check(SimpleNamespace(_are_we_tracing=other)) is other
+
+
+def test_a_compiled_model_without_submodules_is_named_in_the_deep_mode(fake_pg, instrumented):
+    """aot_eager runs the compiled graph as a GraphModule of a generated subclass (GraphModuleImpl): skipped
+    as a compiler's graph, whatever its class is called, so the collective names the model compiled."""
+
+    class NoSubmodules(torch.nn.Module):
+        def forward(self, x):
+            return funcol.all_reduce(x * 2, "sum", fake_pg)
+
+    folder = instrumented()
+    torch._dynamo.reset()
+    compiled = torch.compile(NoSubmodules(), backend="aot_eager")
+    with otel_torchdist.step(1), otel_torchdist.deep_capture():
+        compiled(torch.ones(4))
+    spans = _spans(folder)
+    assert spans and {s["attributes"][n.COLL_MODULE] for s in spans} == {"NoSubmodules"}

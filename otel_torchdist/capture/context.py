@@ -127,6 +127,18 @@ def node_module() -> str | None:
     return node.metadata.get(NODE_KEY) if node is not None else None
 
 
+_GRAPH_MODULE: list = []
+
+
+def _graph_module() -> type:
+    """torch.fx.GraphModule (whose instances are of generated subclasses: ``GraphModuleImpl``)."""
+    if not _GRAPH_MODULE:
+        from torch.fx import GraphModule
+
+        _GRAPH_MODULE.append(GraphModule)
+    return _GRAPH_MODULE[0]
+
+
 def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
     """``ctx`` with the module found on the stack (see :func:`on_stack`), or in backward the module that
     applied the autograd function running now (:func:`node_module`); None where there is none."""
@@ -137,7 +149,7 @@ def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
         while frame is not None:
             if frame.f_code.co_name in _CALL_FRAMES:
                 module = frame.f_locals.get("self")
-                if module.__class__.__name__ != "GraphModule":  # a compiler's graph: the model compiled is above
+                if not isinstance(module, _graph_module()):  # a compiler's graph: the model compiled is above
                     break
             frame = frame.f_back
         if frame is None:
