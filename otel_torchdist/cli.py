@@ -74,8 +74,8 @@ def build_parser() -> argparse.ArgumentParser:
             "models for --steps steps with otel-torchdist instrumenting every collective: DistributedDataParallel, "
             "FSDP2 (fully_shard), tensor parallel (ColwiseParallel/RowwiseParallel on a device mesh), each with its "
             "optimizer. The demo ends with the analysis of every rank's telemetry and where it went: the run "
-            "folder, or the OTLP endpoint when OTEL_EXPORTER_OTLP_ENDPOINT is set (metrics then also go to the "
-            "run folder, for the analysis)."
+            "folder, and the OTLP endpoint too when OTEL_EXPORTER_OTLP_ENDPOINT is set (the run folder keeps its "
+            "copy of both, for the analysis)."
         ),
     )
     demo.add_argument("--nproc", type=_positive("--nproc"), default=2, help="Number of ranks to start (default 2).")

@@ -191,7 +191,8 @@ def instrument_options(environ: dict[str, str] | None = None) -> dict[str, Any]:
     if not any(env.get(v) for v in _SAMPLING_ENV):
         options["trace_every_steps"] = 1  # a short run: trace every step
     if any(env.get(v) for v in _ENDPOINT_ENV) and not env.get("OTEL_METRICS_EXPORTER"):
-        # Metrics to the collector and, complete, to the run folder for the closing analysis.
+        # Metrics to the collector and, complete, to the run folder for the closing analysis (even with the
+        # run folder's copy turned off).
         options["metrics_exporter"] = ("otlp", "file", "prometheus")
     return options
 
@@ -225,30 +226,30 @@ def run(args: DemoArgs) -> str:
 
 
 def destinations(folder: str, options: dict[str, Any]) -> str:
-    """Where the ranks' traces and metrics go, as the configuration (environment and ``options``) says."""
+    """Where the ranks' traces and metrics go, as the configuration (environment and ``options``) says, the
+    run folder's copy (``run_folder_copy``) included, as the exporters are built (export/sinks.py)."""
     from . import config
 
     cfg = config.load({k: v for k, v in options.items() if k in config.OPTION_NAMES})
+    copy = ("file",) if cfg.run_folder_copy else ()
     where = []
-    for traces in cfg.resolved_traces_exporter():
-        if traces == "otlp":
-            where.append(f"traces: OTLP ({cfg.traces_protocol or cfg.protocol}) to {cfg.traces_endpoint or cfg.endpoint}")
-        elif traces == "file":
-            where.append(f"traces: OTLP/JSON lines in {folder}")
-        else:
-            where.append(f"traces: {traces}")
-    metrics = []
-    for exporter in cfg.resolved_metrics_exporters():
-        if exporter == "otlp":
-            metrics.append(f"OTLP ({cfg.metrics_protocol or cfg.protocol}) to {cfg.metrics_endpoint or cfg.endpoint}")
-        elif exporter == "file":
-            metrics.append(f"OTLP/JSON lines in {folder}")
-        elif exporter == "prometheus":
-            port = f"port {cfg.prometheus_port} + local rank" if cfg.prometheus_port else "a free port each"
-            metrics.append(f"Prometheus /metrics on every rank ({port})")
-        else:
-            metrics.append(exporter)
-    where.append("metrics: " + (", ".join(metrics) or "none"))
+    for signal, exporters in (
+        ("traces", dict.fromkeys((*cfg.resolved_traces_exporter(), *copy))),
+        ("metrics", dict.fromkeys((*cfg.resolved_metrics_exporters(), *copy))),
+    ):
+        parts = []
+        for exporter in exporters:
+            if exporter == "otlp":
+                protocol = getattr(cfg, f"{signal}_protocol") or cfg.protocol
+                parts.append(f"OTLP ({protocol}) to {getattr(cfg, f'{signal}_endpoint') or cfg.endpoint}")
+            elif exporter == "file":
+                parts.append(f"OTLP/JSON lines in {folder}")
+            elif exporter == "prometheus":
+                port = f"port {cfg.prometheus_port} + local rank" if cfg.prometheus_port else "a free port each"
+                parts.append(f"Prometheus /metrics on every rank ({port})")
+            else:
+                parts.append(exporter)
+        where.append(f"{signal}: " + (", ".join(parts) or "none"))
     return "; ".join(where)
 
 

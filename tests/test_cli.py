@@ -113,6 +113,22 @@ def count_metric_calls(folder: str) -> Counter:
 
 
 # ------------------------------------------------------------------------------------------- demo
+def test_the_demo_says_where_telemetry_goes_as_the_exporters_are_built(monkeypatch):
+    """The run folder's copy included (run_folder_copy), as export/sinks.build adds it."""
+    from otel_torchdist import demo
+
+    for var in [v for v in os.environ if v.startswith("OTEL_")]:
+        monkeypatch.delenv(var)
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://collector:4318")
+    where = demo.destinations("RUN", demo.instrument_options())
+    assert where == (
+        "traces: OTLP (http/protobuf) to http://collector:4318, OTLP/JSON lines in RUN; "
+        "metrics: OTLP (http/protobuf) to http://collector:4318, OTLP/JSON lines in RUN, Prometheus /metrics on every rank (port 9464 + local rank)"
+    )
+    monkeypatch.setenv("OTEL_TORCHDIST_RUN_FOLDER_COPY", "false")
+    assert demo.destinations("RUN", demo.instrument_options()).startswith("traces: OTLP (http/protobuf) to http://collector:4318; metrics:")
+
+
 def test_demo_trains_every_path_and_ends_with_the_analysis(runs):
     err = runs.demo_err
     assert "otel-torchdist demo: 2 ranks, gloo, 3 steps each of MLPs trained with DDP, FSDP2 and tensor parallel" in err
