@@ -242,13 +242,18 @@ def resolve(configured_run_id: str | None) -> Identity:
 
 
 def resource_attributes(identity: Identity, service_name: str, extra: dict[str, str]) -> dict[str, Any]:
-    attrs: dict[str, Any] = dict(extra)
+    """This rank's resource: what the library finds of the standard attributes, under the application's own
+    (``extra``: ``OTEL_RESOURCE_ATTRIBUTES``, ``resource_attributes``, which win as they win over the SDK's
+    detectors: a node name for ``host.name`` on Kubernetes, say), then the library's own ``torchdist.*``."""
+    attrs: dict[str, Any] = {
+        n.SERVICE_INSTANCE_ID: identity.instance_id,
+        n.HOST_NAME: identity.host,
+        n.PROCESS_PID: os.getpid(),
+    }
+    attrs.update(extra)
     attrs.update(
         {
             n.SERVICE_NAME: service_name,
-            n.SERVICE_INSTANCE_ID: identity.instance_id,
-            n.HOST_NAME: identity.host,
-            n.PROCESS_PID: os.getpid(),
             n.RUN_ID: identity.run_id,
             n.RANK: identity.rank,
             n.LOCAL_RANK: identity.local_rank,

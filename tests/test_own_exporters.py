@@ -113,6 +113,23 @@ def test_resource_detectors_the_sdk_is_told_to_run_describe_the_rank(fake_pg, in
     assert resource[n.SERVICE_NAME] == "torch-distributed" and resource[n.RANK] == 0  # the library's own still set
 
 
+def test_the_applications_resource_attributes_win_over_what_the_library_finds(fake_pg, instrumented, monkeypatch):
+    """As OTEL_RESOURCE_ATTRIBUTES wins over the SDK's detectors (Resource.create() keeps them); the library's
+    own torchdist.* attributes stay its own."""
+    from opentelemetry.sdk.resources import Resource
+
+    value = "service.instance.id=my-pod-7,host.name=k8s-node-3,torchdist.rank=9"
+    monkeypatch.setenv("OTEL_RESOURCE_ATTRIBUTES", value)
+    sdk = Resource.create().attributes
+    folder = instrumented()
+    otel_torchdist.uninstrument()
+    with open(os.path.join(folder, "resource.rank0.json")) as f:
+        resource = json.load(f)
+    for key in ("service.instance.id", "host.name"):
+        assert resource[key] == sdk[key]
+    assert resource[n.RANK] == 0
+
+
 def test_an_exporter_installed_for_the_sdk_gets_the_spans_and_metrics(fake_pg, instrumented, monkeypatch, tmp_path):
     """OTEL_TRACES_EXPORTER / OTEL_METRICS_EXPORTER naming an exporter installed under the SDK's entry-point
     groups (a vendor's): it is loaded as the SDK's configurator loads it and gets the telemetry through SDK
