@@ -69,7 +69,7 @@ def _warn_ignored(running: _runtime.Runtime, options: dict[str, Any]) -> None:
     changed = []
     for name, value in sorted(options.items()):
         if name in ("tracer_provider", "meter_provider"):
-            now = running.given[0 if name == "tracer_provider" else 1]
+            now = running.outlets.given[0 if name == "tracer_provider" else 1]
             if value is not None and value is not now:
                 changed.append(f"{name} (a different provider)")
         elif value is not None and name in _config.OPTION_NAMES and getattr(running.cfg, name) != value:

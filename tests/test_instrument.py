@@ -62,11 +62,14 @@ def test_a_name_bound_while_instrumented_records_nothing_after(fake_pg, instrume
 
 
 def test_instrument_twice_is_harmless_and_names_what_it_ignored(fake_pg, instrumented):
+    from opentelemetry.sdk.trace import TracerProvider
+
     folder = instrumented()
     first = _snapshot()
     with library_log() as said:
         otel_torchdist.instrument(run_dir="elsewhere", run_id="unit", service_name="other")
         otel_torchdist.instrument()
+        otel_torchdist.instrument(tracer_provider=TracerProvider(shutdown_on_exit=False))
     said = [m.removeprefix("otel-torchdist: ") for m in said]
     assert said[0] == (
         "already instrumented; ignored run_dir='elsewhere' (in force: %r), "
@@ -74,6 +77,7 @@ def test_instrument_twice_is_harmless_and_names_what_it_ignored(fake_pg, instrum
         "change options" % os.path.dirname(folder)
     )  # run_id is the one in force: not named
     assert said[1] == "already instrumented; instrument() again changes nothing"
+    assert said[2].startswith("already instrumented; ignored tracer_provider (a different provider)")
     assert _snapshot() == first
     dist.all_reduce(torch.ones(2))
     otel_torchdist.uninstrument()
