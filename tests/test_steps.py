@@ -6,6 +6,7 @@ Real gloo jobs (``tests/scenarios_steps.py``); each test reads what every rank e
 from __future__ import annotations
 
 import os
+import time
 from collections import defaultdict
 
 import pytest
@@ -14,7 +15,7 @@ from otel_torchdist import names as n
 from otel_torchdist.drain.step_stats import union_seconds
 from otel_torchdist.steps import _Recent, step_ids
 
-from .harness import last_metrics, read_spans, run_ranks, trace_layout_problems
+from .harness import last_metrics, read_spans, run_ranks, trace_layout_problems, wait_for
 
 
 def _job(tmp_path_factory, scenario: str, ws: int, run: str, args: dict | None = None):
@@ -860,3 +861,42 @@ def test_the_filled_table_holds_what_each_steps_ids_give(first, every):
     tracker._fill(-70, 200)
     assert tracker._ids == {i: tracker._ids_of(i, 0) for i in range(-70, 201)}
     assert any(entry[2] for entry in tracker._ids.values())
+
+
+def test_the_straggler_exchange_gives_up_once_the_store_is_gone_and_not_after_a_late_window(monkeypatch):
+    """A store whose host ended (rank 0 exited) fails every call, and torch logs each failure with a stack:
+    the exchange stops at the first. A window a rank did not answer in time (_wait's TimeoutError) does not
+    stop it."""
+    from types import SimpleNamespace
+
+    from otel_torchdist.drain import stragglers
+
+    class Gone:
+        calls = 0
+
+        def set(self, *args):
+            Gone.calls += 1
+            raise RuntimeError("sendBytes failed: Broken pipe")
+
+    tried: list[int] = []
+
+    def late_first(self, window, totals):
+        tried.append(window)
+        if len(tried) == 1:
+            raise TimeoutError("no answer")
+
+    for client, exchange in ((Gone(), None), (object(), late_first)):
+        monkeypatch.setattr(stragglers, "connect_store", lambda *a, c=client: c)
+        if exchange is not None:
+            monkeypatch.setattr(stragglers.Exchange, "_exchange", exchange)
+        ex = stragglers.Exchange(SimpleNamespace(framework=SimpleNamespace(set=lambda *a: None)), "t", 1, 2, every=2)
+        ex.start()
+        for index in range(2, 8):
+            ex.add_step(index, 1.0, 0.5, 0.5)
+            time.sleep(0.05)
+        if exchange is None:
+            ex._thread.join(5)
+            assert not ex._thread.is_alive() and Gone.calls == 1
+        else:
+            wait_for(lambda: len(tried) == 3, 5, what="every window tried")
+            ex.stop()
