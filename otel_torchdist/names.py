@@ -145,7 +145,7 @@ COLL_PEERS = "torchdist.collective.peers"  # batch_isend_irecv: every peer
 COLL_ASYNC = "torchdist.collective.async"
 COLL_SEQ = "torchdist.collective.seq"
 COLL_DURATION = "torchdist.collective.duration_s"
-COLL_ALGBW = "torchdist.collective.algbw_gbps"  # GB/s = 1e9 bytes/s, as nccl-tests prints
+COLL_ALGBW = "torchdist.collective.algbw_gbps"  # GB/s = 1e9 bytes/s, as nccl-tests prints; none without a completion seen
 COLL_BUSBW = "torchdist.collective.busbw_gbps"
 COLL_END_SOURCE = "torchdist.collective.end_source"
 COLL_COALESCED_OPS = "torchdist.collective.coalesced_ops"
@@ -443,7 +443,8 @@ COLLECTIVE_BYTES = Metric(
     "torchdist.collective.bytes",
     "counter",
     "By",
-    "Message size S (nccl-tests' definition) summed over collectives; rate(bytes)/rate(duration_sum) is algbw.",
+    "Message size S (nccl-tests' definition) summed over collectives (not those that failed or were never seen "
+    "to finish); rate(bytes)/rate(duration_sum) is algbw.",
     COLLECTIVE_LABELS,
 )
 COLLECTIVE_BUS_BYTES = Metric(

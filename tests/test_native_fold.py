@@ -273,3 +273,35 @@ def test_steps_never_closed_are_forgotten_as_the_python_side_forgets_them(mod, f
     for i in range(200, 200 + STEPS_OPEN_MAX):
         fold_step(i)
     assert len(pipeline.native_steps.steps_snapshot()) == STEPS_OPEN_MAX + 1  # bounded whatever closes
+
+
+@pytest.mark.parametrize("fold", [False, True], ids=["python", "native"])
+def test_bytes_and_bandwidth_only_for_calls_seen_to_complete(fold, fake_pg, instrumented, request):
+    """A call that failed moved nothing the record can vouch for, one never seen to finish (flushed at the
+    end) and one ended at its launch (NCCL without completion timing) have no transfer time: no algbw or
+    busbw on their spans; the first two add no bytes to the counters (every one still counts as a call)."""
+    from otel_torchdist import names as n
+    from otel_torchdist.drain.spans import dynamic_attributes
+
+    instrumented(native="off", drain_interval=3600.0, trace_first_steps=0, trace_every_steps=0)
+    with otel_torchdist.step(1):
+        dist.all_reduce(torch.ones(4))
+        with pytest.raises(Exception):
+            dist.all_reduce(torch.ones(4), op="not an op")
+    ok, failed = [r for r in R.QUEUE if r[R.OP] == "all_reduce"]
+    assert ok[R.ERROR] is None and failed[R.ERROR] is not None
+    R.QUEUE.clear()
+
+    def ended(source: str) -> tuple:
+        return ok[: R.END] + (source,) + ok[R.END + 1 :]
+
+    records = [ok, failed, ended(n.END_UNFINISHED), ended(n.END_ENQUEUE)]
+    pipeline = Pipeline(Config())
+    if fold:
+        pipeline.use_native(request.getfixturevalue("mod"))
+    pipeline._process_all(deque(records))
+    ((key, series),) = pipeline.store.snapshot().items()
+    assert (series.count, series.errors, series.bytes) == (4, 1, 2 * 16)  # the completed call and the launched one
+    gi = groups.BY_ID[ok[R.GROUP]]
+    with_bandwidth = [n.COLL_BUSBW in dict(dynamic_attributes(r, gi, 0.001)) for r in records]
+    assert with_bandwidth == [True, False, False, False]

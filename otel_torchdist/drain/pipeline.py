@@ -272,7 +272,9 @@ class Pipeline:
         else:
             elapsed = t1 - t0
             seconds = elapsed / 1e9 if elapsed > 0 else 0.0
-        nbytes = rec[_NBYTES]
+        # Bytes count what moved: not those of a call that failed, nor of one never seen to finish (its
+        # record still counts as a call, and its time in the duration histogram).
+        nbytes = rec[_NBYTES] if rec[_ERROR] is None and rec[_END] != _END_UNFINISHED else 0
         kind = rec[_KIND]
         size = gi.size
         factor = _bus_factors.get((kind, size))

@@ -114,6 +114,9 @@ def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
 _BUS_FACTORS = bw.FACTORS
 _T_START, _T_END, _OP, _EXTRA, _SEQ, _KIND, _NBYTES = R.T_START, R.T_END, R.OP, R.EXTRA, R.SEQ, R.KIND, R.NBYTES
 _DURATION, _SEQ_KEY, _ALGBW, _BUSBW, _BARRIER = n.COLL_DURATION, n.COLL_SEQ, n.COLL_ALGBW, n.COLL_BUSBW, bw.BARRIER
+_ERROR, _END = R.ERROR, R.END
+# Ends that are not the transfer's: the launch alone, or nothing seen before the flush. No S/t for those.
+_UNTIMED_ENDS = frozenset((n.END_ENQUEUE, n.END_UNFINISHED))
 
 
 def dynamic_attributes(rec: tuple, gi: Any, seconds: float) -> list[tuple[str, Any]]:
@@ -129,7 +132,8 @@ def dynamic_attributes(rec: tuple, gi: Any, seconds: float) -> list[tuple[str, A
     if seq is not None:
         dynamic.append((_SEQ_KEY, seq))
     kind, size, nbytes = rec[_KIND], gi.size, rec[_NBYTES]
-    if kind != _BARRIER and size > 0 and nbytes > 0 and seconds > 0:  # algbw is undefined otherwise
+    # algbw is undefined otherwise: nothing moved, no time, a call that failed, or no completion seen
+    if kind != _BARRIER and size > 0 and nbytes > 0 and seconds > 0 and rec[_ERROR] is None and rec[_END] not in _UNTIMED_ENDS:
         factor = _BUS_FACTORS.get((kind, size))
         if factor is None:
             factor = _BUS_FACTORS[(kind, size)] = bw.bus_factor(kind, size)

@@ -559,6 +559,11 @@ int read(PyObject* rec, Read& r, bool roots_unsampled, FactorMemo& memo) {
                       : !PyTuple_CheckExact(step) || PyTuple_GET_SIZE(step) < 4 || PyTuple_GET_ITEM(step, 3) != Py_False)
     return 0;
   if (PyTuple_GET_ITEM(rec, kParent) != Py_None) return 0;
+  // A call that failed, or one never seen to finish, is credited no bytes: Pipeline.process's rule.
+  if (PyTuple_GET_ITEM(rec, kError) != Py_None) return 0;
+  PyObject* end_source = PyTuple_GET_ITEM(rec, kEnd);
+  if (end_source == G.unfinished || (PyUnicode_CheckExact(end_source) && PyUnicode_Compare(end_source, G.unfinished) == 0))
+    return 0;
   PyObject* fw = PyTuple_GET_ITEM(rec, kCtx);
   if (fw != Py_None && (!PyTuple_CheckExact(fw) || PyTuple_GET_SIZE(fw) < 4 || PyTuple_GET_ITEM(fw, 3) != Py_None)) return 0;
   PyObject *group = PyTuple_GET_ITEM(rec, kGroup), *t0 = PyTuple_GET_ITEM(rec, kTStart), *t1 = PyTuple_GET_ITEM(rec, kTEnd),
