@@ -23,7 +23,7 @@ Only installed from the main thread, only if SIGTERM's disposition is the defaul
 (which is chained: telemetry is flushed, not closed, and that handler decides what happens), and the wakeup
 descriptor only if nobody (asyncio) holds it already. A handler the program sets later is left to decide
 alone: the watcher does nothing while SIGTERM's handler is not ours. A forked child drops all of it
-(``forget_in_child``). ``uninstall`` puts everything back.
+(``forget_in_child``). ``uninstall`` puts everything back (off the main thread, what it can: ``_disarm``).
 """
 
 from __future__ import annotations
@@ -51,8 +51,13 @@ def install(
 ) -> None:
     """``close``: the final flush before the process dies; ``flush``: export what is there and go on (when
     a handler of the program's decides what SIGTERM does, the program may well go on training)."""
-    if _state or threading.current_thread() is not threading.main_thread():
+    if threading.current_thread() is not threading.main_thread():
         return
+    if _state:
+        if not _state.get("disarmed"):
+            return
+        _put_back(stop_watcher=False)  # an uninstall off the main thread left these to this thread
+        _state.clear()
     previous_hook = sys.excepthook
 
     def excepthook(etype: type, value: BaseException, tb: Any) -> None:
@@ -93,7 +98,12 @@ def install(
         except Exception as exc:
             health.error("signal", "could not flush telemetry on SIGTERM", exc)
 
+    armed = [True]  # False once uninstalled off the main thread, which cannot take the handler back
+
     def handler(signum: int, frame: Any) -> None:
+        if not armed[0]:
+            _act(signum, frame, previous)  # as if never installed
+            return
         if closing_here():
             # The signal interrupted our own flush on this thread (the exit handler's, say): flushing here
             # would wait on itself. The flush goes on and delivers the signal when done (deliver_pending).
@@ -106,7 +116,7 @@ def install(
         _act(signum, frame, previous)
 
     signal.signal(signal.SIGTERM, handler)
-    _state.update(previous=previous, handler=handler)
+    _state.update(previous=previous, handler=handler, armed=armed)
     read_fd, write_fd = os.pipe()
     os.set_blocking(write_fd, False)
     try:
@@ -171,7 +181,7 @@ def deliver_pending() -> None:
 
 def _put_back(stop_watcher: bool) -> None:
     """The program's own hook, handler and wakeup descriptor back where they are still ours; the pipe closed."""
-    if sys.excepthook is _state.get("excepthook"):
+    if "excepthook" in _state and sys.excepthook is _state["excepthook"]:
         sys.excepthook = _state["previous_hook"]
     if "handler" in _state and signal.getsignal(signal.SIGTERM) is _state["handler"]:
         signal.signal(signal.SIGTERM, _state["previous"])
@@ -188,13 +198,36 @@ def _put_back(stop_watcher: bool) -> None:
 
 
 def uninstall() -> None:
-    if not _state or threading.current_thread() is not threading.main_thread():
+    if not _state or _state.get("disarmed"):
+        return
+    if threading.current_thread() is not threading.main_thread():
+        _disarm()
         return
     try:
         _put_back(stop_watcher=True)
     except Exception as exc:
         health.error("signal", "could not restore the SIGTERM handler", exc)
     _state.clear()
+
+
+def _disarm() -> None:
+    """Off the main thread, where neither a signal handler nor the wakeup descriptor can be changed: the hook
+    goes back, the watcher stops, and the handler acts as if it had never been installed; the next install()
+    (on the main thread) puts the handler and the descriptor back first. The pipe stays open meanwhile: a
+    closed descriptor's number could be another file's by the time a signal writes to it."""
+    try:
+        if sys.excepthook is _state.get("excepthook"):
+            sys.excepthook = _state["previous_hook"]
+        _state.pop("excepthook", None)
+        if "armed" in _state:
+            _state["armed"][0] = False
+        if "watcher" in _state:
+            _state["stop"].set()
+            os.write(_state["write_fd"], b"\0")  # wakes the watcher's read; it sees the stop flag
+            _state["watcher"].join(timeout=1.0)
+    except Exception as exc:
+        health.error("signal", "could not put the SIGTERM handler out of action", exc)
+    _state["disarmed"] = True
 
 
 def forget_in_child() -> None:

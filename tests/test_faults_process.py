@@ -224,6 +224,34 @@ def test_a_forked_child_is_not_the_rank(tmp_path):
     assert proc.stderr.count("otel-torchdist summary") == 1
 
 
+def test_uninstrument_from_another_thread_then_instrument_again_flushes_on_sigterm(tmp_path):
+    """Signal handlers can only be changed on the main thread: uninstrument() on another thread left the
+    first instrumentation's SIGTERM handler and watcher in place, the second instrument() installed none, and
+    SIGTERM ended the process without flushing what the second one recorded."""
+    proc = _script(
+        tmp_path,
+        """
+        dist.all_reduce(torch.ones(2))
+        t = threading.Thread(target=otel_torchdist.uninstrument)
+        t.start()
+        t.join()
+        print("watchers", [x.name for x in threading.enumerate()].count("otel-torchdist-sigterm"), flush=True)
+        otel_torchdist.instrument(run_dir=sys.argv[1], run_id="sig2", metrics_exporter=("file",))
+        for _ in range(20):
+            dist.all_reduce(torch.ones(2))
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)
+        print("still alive", flush=True)
+        """,
+    )
+    assert proc.returncode == -signal.SIGTERM, (proc.returncode, proc.stderr[-2000:])
+    assert "watchers 0" in proc.stdout and "still alive" not in proc.stdout
+    assert "otel-torchdist summary: run sig2" in proc.stderr, proc.stderr[-2000:]
+    with open(os.path.join(str(tmp_path), "sig2", "summary.rank0.json")) as f:
+        summary = json.load(f)
+    assert sum(row["calls"] for row in summary["collectives"]) == 20, summary["collectives"]
+
+
 def test_uninstrument_leaves_a_wakeup_fd_set_after_it_alone():
     """asyncio's add_signal_handler sets its own wakeup fd after instrument(): uninstrument() took it away."""
     script = textwrap.dedent(
