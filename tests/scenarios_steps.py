@@ -229,3 +229,19 @@ def numbering(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"steps": sum(len(r) for _, r in plan)}
+
+
+def reinit(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """destroy_process_group(), then a new process group (on a store of its own port): the threads that talk
+    to the store stop with the first and start again with the second."""
+    import threading
+
+    _instrument(out, f"reinit-ws{ws}", hang_threshold=30.0, straggler_exchange_steps=5)
+    threads = []
+    for init_method in (None, f"tcp://127.0.0.1:{port + 1}"):
+        dist.init_process_group("gloo", rank=rank, world_size=ws, **({"init_method": init_method} if init_method else {}))
+        dist.all_reduce(torch.ones(4))
+        threads.append(sorted(t.name for t in threading.enumerate() if t.name.startswith("otel-torchdist")))
+        dist.destroy_process_group()
+    otel_torchdist.uninstrument()
+    return {"threads": threads}

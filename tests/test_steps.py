@@ -900,3 +900,13 @@ def test_the_straggler_exchange_gives_up_once_the_store_is_gone_and_not_after_a_
         else:
             wait_for(lambda: len(tried) == 3, 5, what="every window tried")
             ex.stop()
+
+
+def test_the_store_threads_start_again_with_a_process_group_made_after_destroy(tmp_path):
+    """They stopped with destroy_process_group() and never came back: hang reports without the missing ranks,
+    straggler gauges frozen, step roots timed from rank 0 alone, and nothing said."""
+    results = run_ranks("scenarios_steps:reinit", 2, str(tmp_path), {})
+    for result in results:
+        first, second = result["threads"]
+        for name in ("otel-torchdist-hang-board", "otel-torchdist-step-roots", "otel-torchdist-stragglers"):
+            assert name in first and name in second, (first, second)

@@ -169,9 +169,16 @@ class Runtime:
         """The process group exists: learn who we are and start exporting."""
         with self._lock:
             self._end_by = None  # a process group after destroy_process_group(): that was not the end
-            if self.identity is not None or self._closed:
+            if self._closed:
                 return
-            self._set_identity(resolve(self.cfg.run_id))
+            if self.identity is None:
+                self._set_identity(resolve(self.cfg.run_id))
+                return
+            ident = self.identity
+        if self.ranks.left:
+            import torch.distributed as dist
+
+            self.ranks.rejoin(ident, dist.get_rank(), dist.get_world_size())
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
