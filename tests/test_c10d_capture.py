@@ -13,6 +13,10 @@ from collections import Counter
 
 import pytest
 
+import torch
+import torch.distributed as dist
+
+import otel_torchdist
 from otel_torchdist import names as n
 
 from .harness import read_spans, run_ranks
@@ -370,3 +374,19 @@ def test_a_receive_from_any_source_names_its_sender(tmp_path, native, request):
     spans = read_spans(os.path.join(out, "runs", "recv-any", "traces.rank1.jsonl"))
     (recv,) = [s for s in spans if s["name"] == "recv"]
     assert recv["attributes"][n.COLL_PEER] == 0
+
+
+@pytest.mark.parametrize("native", ["off", "auto"])
+def test_a_sparse_all_reduce_is_recorded_with_what_it_holds(native, gloo_alone, instrumented):
+    """A sparse tensor has no nbytes: its all_reduce went unrecorded ("could not describe"). S is what the
+    rank contributes, its indices and values (gloo's sparse all-reduce gathers them)."""
+    from .harness import collective_spans
+
+    folder = instrumented(native=native)
+    sparse = torch.sparse_coo_tensor(torch.tensor([[0, 2]]), torch.tensor([1.0, 2.0]), (4,)).coalesce()
+    with otel_torchdist.step(1):
+        dist.all_reduce(sparse)
+    otel_torchdist.uninstrument()
+    (span,) = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
+    a = span["attributes"]
+    assert a[n.COLL_MESSAGE_SIZE] == 2 * 8 + 2 * 4 and a[n.COLL_DTYPE] == "float32"

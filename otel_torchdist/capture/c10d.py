@@ -131,12 +131,15 @@ def _make_begin(spec: OpSpec, binder: Binder) -> Callable[[tuple, dict], list | 
             # The common case, one plain tensor: R.of_tensor's literal, written out here because the call
             # would add 4 % to this path, the cheapest one.
             shape = tuple(x.shape)
-            return [
-                op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
-                x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
-                None, None, caller.get_current() or None, None, None, False,
-                TLS.ctx, _graph_task_id() != -1, _STEP[0],
-            ]  # fmt: skip
+            try:
+                return [
+                    op, kind, SOURCE_C10D, gi.gid, None, 0, 0, x.nbytes * gi.size if times_n else x.nbytes,
+                    x.dtype, (len(shape),) + shape, x.numel(), 1, is_async, root_pair, peer_pair, redop,
+                    None, None, caller.get_current() or None, None, None, False,
+                    TLS.ctx, _graph_task_id() != -1, _STEP[0],
+                ]  # fmt: skip
+            except RuntimeError:  # a sparse tensor has no nbytes: describe_tensor below sizes it
+                pass
         rec = _new(op, kind, SOURCE_C10D, gi.gid)
         if single:
             if isinstance(x, _Tensor):

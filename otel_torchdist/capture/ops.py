@@ -122,6 +122,18 @@ class Binder:
         return self.names.index(name)
 
 
+def sparse_nbytes(t) -> int:
+    """A sparse tensor has no ``nbytes``: what it holds is its indices and values (what gloo's sparse
+    all-reduce sends from each rank)."""
+    if t.layout == torch.sparse_coo:
+        return t._indices().nbytes + t._values().nbytes
+    if t.layout in (torch.sparse_csr, torch.sparse_bsr):
+        return t.crow_indices().nbytes + t.col_indices().nbytes + t.values().nbytes
+    if t.layout in (torch.sparse_csc, torch.sparse_bsc):
+        return t.ccol_indices().nbytes + t.row_indices().nbytes + t.values().nbytes
+    raise ValueError(f"no byte size for a tensor of layout {t.layout}")
+
+
 def describe(values, rec: list) -> None:
     """Fill ``rec``'s size, dtype, shapes, numel and tensor count from tensors or (nested) lists of them."""
     total = 0
@@ -134,7 +146,10 @@ def describe(values, rec: list) -> None:
     while stack:
         x = stack.pop()
         if isinstance(x, torch.Tensor):
-            total += x.nbytes
+            try:
+                total += x.nbytes
+            except RuntimeError:
+                total += sparse_nbytes(x)
             numel += x.numel()
             count += 1
             if dtype is None:
@@ -155,7 +170,10 @@ def describe(values, rec: list) -> None:
 
 def describe_tensor(t, rec: list) -> None:
     """The single-tensor fast path of :func:`describe`."""
-    rec[R.NBYTES] = t.nbytes
+    try:
+        rec[R.NBYTES] = t.nbytes
+    except RuntimeError:
+        rec[R.NBYTES] = sparse_nbytes(t)
     rec[R.NUMEL] = t.numel()
     rec[R.NTENSORS] = 1
     rec[R.DTYPE] = t.dtype
