@@ -225,6 +225,8 @@ class ModuleTracker:
         return module in self._handles
 
     def _pre_hook(self, module, args):
+        if _compiling():
+            return  # traced by Dynamo: no graph break (the deep mode names compiled collectives from the stack)
         name = self._names.get(module)
         if name is None:
             name = self._resolve(module)
@@ -242,6 +244,8 @@ class ModuleTracker:
             return class_name(module)
         base = class_name(root)
         outer = _outermost_module_called()
+        if outer is not None:
+            outer = getattr(outer, "_orig_mod", outer)  # torch.compile's OptimizedModule: the model it compiled
         if outer is not None and outer is not root:
             path = next((p for p, m in outer.named_modules() if m is root), None)
             if path:
@@ -264,7 +268,19 @@ class ModuleTracker:
         self._names = weakref.WeakKeyDictionary()
 
 
+def _compiling() -> bool:
+    """torch.compiler.is_compiling(), which Dynamo answers True while it traces (the tracker's hooks then do
+    nothing, as the eager wrappers do)."""
+    global _compiling
+    import torch
+
+    _compiling = torch.compiler.is_compiling
+    return _compiling()
+
+
 def _post_hook(module, args, output):
+    if _compiling():
+        return
     stack = getattr(TLS, "module_tokens", None)
     if stack:
         token = stack.pop()
