@@ -346,6 +346,30 @@ def test_a_span_processor_that_raises_costs_its_spans_counted_not_training(fake_
     assert health.drops()["span"] == 2 and health.errors()["export"] == 2
 
 
+def test_a_synchronous_processor_over_a_slow_exporter_holds_a_flush_one_flush_timeout(fake_pg, instrumented):
+    """SimpleSpanProcessor exports as each span ends, on the thread that ends it: a flush ending 12 spans
+    over an exporter that takes 0.5 s each took 6 s against its 1 s. The rest is counted instead."""
+    import time
+
+    from otel_torchdist import health
+
+    class Slow(SpanExporter):
+        def export(self, spans):
+            time.sleep(0.5)
+            return SpanExportResult.SUCCESS
+
+    tp = TracerProvider(shutdown_on_exit=False)
+    tp.add_span_processor(SimpleSpanProcessor(Slow()))
+    health.reset()
+    instrumented(tracer_provider=tp, flush_timeout=1.0, span_schedule_delay=3600.0)
+    _steps(4)
+    t0 = time.monotonic()
+    otel_torchdist.flush()
+    assert time.monotonic() - t0 < 2.0
+    assert health.drops().get("span", 0) > 0
+    otel_torchdist.uninstrument()
+
+
 @pytest.mark.parametrize("route", ["providers", "dead endpoint"])
 def test_the_run_folder_keeps_a_copy_whatever_the_exporters(fake_pg, instrumented, route):
     """Telemetry sent elsewhere (an application's providers; an OTLP endpoint that is down) is still in the

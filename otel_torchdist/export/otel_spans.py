@@ -14,6 +14,7 @@ then keep their attributes and times, not their parents.
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from opentelemetry import context as context_api
@@ -126,8 +127,19 @@ class TracerSink(Sink):
             self.ids = self.tracer.id_generator = ChosenIds(own)
 
     def export_span_fragments(self, resource: dict[str, Any], fragments: list, timeout: float | None = None) -> bool:
+        # A span ends on this thread, and a processor of the application's may export it right there
+        # (SimpleSpanProcessor): the flush's time bounds the batch, the rest is counted.
+        deadline = None if timeout is None else time.monotonic() + timeout
         failed = 0
-        for span in fragments:
+        for i, span in enumerate(fragments):
+            if deadline is not None and time.monotonic() > deadline:
+                left = len(fragments) - i
+                health.dropped("span", left)
+                health.warn_once(
+                    "tracer_sink_slow", "the TracerProvider's span processors took longer than the flush allows "
+                    "(a synchronous exporter?); %d spans left out and counted", left,
+                )  # fmt: skip
+                return True  # counted here, as a span the provider refused is (the outbox would count them all)
             try:
                 self.emit(span)
             except Exception as exc:  # a processor or exporter of the application's that raised
