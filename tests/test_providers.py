@@ -259,7 +259,8 @@ def test_exemplars_of_the_duration_histogram_point_at_exported_spans(fake_pg, in
     assert all((e.trace_id, e.span_id) in exported for e in exemplars)
 
 
-def test_uninstrument_leaves_the_providers_as_they_were_with_the_last_totals(fake_pg, instrumented):
+@pytest.mark.parametrize("buckets", [None, (0.001, 0.01, 0.1)], ids=["same buckets", "other buckets"])
+def test_uninstrument_leaves_the_providers_as_they_were_with_the_last_totals(buckets, fake_pg, instrumented):
     tp, mp, spans, reader = _providers()
     instrumented(tracer_provider=tp, meter_provider=mp)
     tracer = tp.get_tracer(n.SCOPE_NAME, otel_torchdist.__version__, attributes={n.RANK: 0, n.RUN_ID: "unit", n.WORLD_SIZE: 4})
@@ -269,8 +270,9 @@ def test_uninstrument_leaves_the_providers_as_they_were_with_the_last_totals(fak
     dist.all_reduce(torch.ones(4))
     # The last export of the provider (at its shutdown, after ours) still has the run's totals.
     assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 2
-    # A second instrumentation of the same provider reports through the same instruments.
-    otel_torchdist.instrument(tracer_provider=tp, meter_provider=mp, run_dir="/tmp/unused-runs", summary="none")
+    # A second instrumentation of the same provider reports through the same instruments (made with the
+    # first one's buckets: a meter hands back the instruments it made first).
+    otel_torchdist.instrument(tracer_provider=tp, meter_provider=mp, run_dir="/tmp/unused-runs", summary="none", histogram_buckets=buckets)
     dist.all_reduce(torch.ones(4))
     otel_torchdist.uninstrument()
     assert _by_op(_points(reader)[n.COLLECTIVE_CALLS.name])["all_reduce"].value == 1

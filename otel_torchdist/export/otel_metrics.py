@@ -77,6 +77,7 @@ class _Instruments:
 
 
 _by_provider: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+_by_id: dict[int, tuple[Any, _Instruments]] = {}  # providers that cannot be weakly referenced
 _by_provider_lock = threading.Lock()
 
 
@@ -92,14 +93,21 @@ class MeterBridge:
         with _by_provider_lock:
             try:
                 inst = _by_provider.get(meter_provider)
-            except TypeError:  # a provider that cannot be weakly referenced: instruments of its own each time
-                inst = None
-            if inst is None or inst.bounds != bounds:
+            except TypeError:  # a provider that cannot be weakly referenced: kept for the process
+                inst = _by_id.get(id(meter_provider), (None, None))[1]
+            if inst is None:
                 inst = _Instruments(meter_provider, bounds)
                 try:
                     _by_provider[meter_provider] = inst
                 except TypeError:
-                    pass
+                    _by_id[id(meter_provider)] = (meter_provider, inst)
+            elif inst.bounds != bounds:
+                # A meter hands back the instruments it made first (their callbacks, their advisory buckets):
+                # they serve this instrumentation too, with the buckets they were made with.
+                health.warn_once(
+                    "meter_bounds", "the MeterProvider's histograms keep the buckets of the first instrument() "
+                    "that used it; histogram_buckets apply to the run folder, /metrics and the library's own exporters",
+                )  # fmt: skip
         self.instruments = inst
         self._source: Callable[[], list[MetricData]] | None = None
         self.base_labels = dict(base_labels)
