@@ -244,8 +244,11 @@ def test_a_step_under_the_callers_span_makes_one_tree_with_the_callers_spans(fak
         assert s.parent is None or s.parent.span_id in by_id, _name(s)
 
 
-def test_exemplars_of_the_duration_histogram_point_at_exported_spans(fake_pg, instrumented):
-    tp, mp, spans, reader = _providers()
+@pytest.mark.parametrize("sampler", [None, _NoBroadcast()], ids=["default", "span by span"])
+def test_exemplars_of_the_duration_histogram_point_at_exported_spans(sampler, fake_pg, instrumented):
+    """A sampler of the application's that decides span by span does so after the duration was recorded:
+    no exemplar then (one pointed at the broadcasts it dropped)."""
+    tp, mp, spans, reader = _providers(sampler=sampler)
     instrumented(tracer_provider=tp, meter_provider=mp)
     _steps(2)
     from otel_torchdist import runtime
@@ -255,7 +258,7 @@ def test_exemplars_of_the_duration_histogram_point_at_exported_spans(fake_pg, in
     otel_torchdist.uninstrument()
     exported = {(s.context.trace_id, s.context.span_id) for s in spans.get_finished_spans()}
     exemplars = [e for p in points[n.COLLECTIVE_DURATION.name] for e in p.exemplars]
-    assert exemplars
+    assert bool(exemplars) == (sampler is None)
     assert all((e.trace_id, e.span_id) in exported for e in exemplars)
 
 

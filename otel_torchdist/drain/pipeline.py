@@ -322,7 +322,8 @@ class Pipeline:
                 if outlived is not None:
                     span.links = ((trace_id, outlived, ()),)
                 outbox.enqueue(span)
-                exemplar = (span.end_ns, trace_id, span.span_id)
+                if self.sampler.exemplars:
+                    exemplar = (span.end_ns, trace_id, span.span_id)
                 if queued + 1 == self.cfg.span_batch_size:
                     outbox.wake.set()  # a full batch: let the exporter send it while we go on draining
             else:

@@ -12,6 +12,7 @@ _MAX = 1 << 64
 
 class Sampler:
     narrows = False  # replaces the library's step choice when configured (steps.StepTracker.sampled)
+    exemplars = True  # a span it keeps is exported: metrics may point at it
 
     def __init__(self, name: str, arg: float) -> None:
         self.name = name

@@ -77,6 +77,18 @@ def detach(token: object) -> None:
     context_api.detach(token)
 
 
+def _is_sdk_sampler(sampler: Any) -> bool:
+    """The SDK's samplers that keep every span of a step once its root is kept: the static ones, the trace id
+    ratio (every span of a trace gets the root's answer), and ParentBased with its default answer for a
+    sampled parent, local or remote (a rank's step under rank 0's root), read from its description."""
+    from opentelemetry.sdk.trace import sampling
+
+    if isinstance(sampler, sampling.ParentBased):
+        description = sampler.get_description()
+        return all(f"{kind}ParentSampled:AlwaysOnSampler" in description for kind in ("remote", "local"))
+    return type(sampler) in (sampling.StaticSampler, sampling.TraceIdRatioBased)
+
+
 class ProviderSampler:
     """The drain's sampling when spans go through a provider: a step is traced when the library picks it and
     the provider's sampler keeps the step's root (asked once per step, as the root of the step's shared trace
@@ -90,6 +102,10 @@ class ProviderSampler:
     def __init__(self, tracer_provider: Any) -> None:
         sampler = getattr(tracer_provider, "sampler", None)
         self._sampler = sampler if callable(getattr(sampler, "should_sample", None)) else None
+        # Metrics point at a span (exemplars) only where its export is known: the SDK's own samplers keep every
+        # span of a kept step (it starts under a sampled parent, or is decided by the step's trace id); one
+        # of the application's may decide span by span, after the metric was recorded.
+        self.exemplars = self._sampler is not None and _is_sdk_sampler(self._sampler)
 
     def root(self, trace_id: int) -> bool:
         if self._sampler is None:
