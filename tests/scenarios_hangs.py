@@ -70,3 +70,48 @@ def late(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     dist.destroy_process_group()
     time.sleep(0.2)  # the callbacks run on the dispatcher's thread
     return {"hang_lines": [line for line in lines.lines if "in flight for" in line], "hang_events": events}
+
+
+def _start(rank: int, ws: int, out: str, run_id: str, timeout: float) -> _Lines:
+    lines = _Lines()
+    logging.getLogger("otel_torchdist").addHandler(lines)
+    dist.init_process_group("gloo", rank=rank, world_size=ws, timeout=datetime.timedelta(seconds=timeout))
+    otel_torchdist.instrument(
+        run_dir=os.path.join(out, "runs"), run_id=run_id, traces_exporter="file", metrics_exporter=("file",),
+        summary="none", drain_interval=0.05, system_metrics=False, hang_threshold=1.0, straggler_exchange_steps=0,
+    )  # fmt: skip
+    dist.all_reduce(torch.ones(4))
+    dist.barrier()
+    time.sleep(1.5)  # every board has published once
+    return lines
+
+
+def other_op(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 calls all_reduce #3, rank 1 broadcast #3: blocking calls, both wait until gloo gives up."""
+    lines = _start(rank, ws, out, "other-op", 5.0)
+    try:
+        if rank == 0:
+            dist.all_reduce(torch.ones(4))
+        else:
+            dist.broadcast(torch.ones(4), src=1)
+    except RuntimeError:
+        pass
+    otel_torchdist.uninstrument()
+    return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
+
+
+def isend_overlap(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 isends, computes 2.5 s, then waits; rank 1's recv returns at once: no hang anywhere (gloo's
+    send work has no completion signal before wait())."""
+    lines = _start(rank, ws, out, "isend-overlap", 30.0)
+    if rank == 0:
+        work = dist.isend(torch.ones(4), dst=1)
+        time.sleep(2.5)
+        work.wait()
+    else:
+        dist.recv(torch.ones(4), src=0)
+        time.sleep(3.0)  # not waiting in the barrier meanwhile: that would be a hang of its own
+    dist.barrier()
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}

@@ -356,7 +356,7 @@ def test_a_record_of_several_works_stays_in_flight_until_the_last():
     first, second = torch.futures.Future(), torch.futures.Future()
     completion.track(rec, [first, second])
     first.set_result(None)
-    assert [j.rec for j in completion.in_flight()] == [rec] and rec[R.T_END] == 0
+    assert [r for r, _ in completion.in_flight()] == [rec] and rec[R.T_END] == 0
     second.set_result(None)
     assert not completion.in_flight() and rec[R.T_END] > 0
     R.QUEUE.clear()

@@ -117,3 +117,20 @@ def test_three_ranks_a_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp
         assert "not started by rank 2 (last started #2 on default_pg; no collective in flight; reported" in line
         silent = float(line.split("reported ")[1].split(" s ago")[0])
         assert silent >= 1.0  # its board stopped with it: its last report is older than the hang threshold
+
+
+def test_ranks_in_different_blocking_collectives_name_each_other(tmp_path):
+    """A blocking call learns its sequence number when it returns: the board published None for it, so a rank
+    in another op on the same number was never named."""
+    results = run_ranks("scenarios_hangs:other_op", 2, str(tmp_path), {}, timeout=120)
+    (line0,) = results[0]["hang_lines"]
+    assert "not started by rank 1 (started #3 on default_pg as broadcast, not all_reduce" in line0
+    (line1,) = results[1]["hang_lines"]
+    assert "not started by rank 0 (started #3 on default_pg as all_reduce, not broadcast" in line1
+
+
+def test_an_isend_overlapping_compute_and_waited_later_is_no_hang(tmp_path):
+    """gloo's send work has no completion signal before wait(): it was timed from its issue and reported
+    hung while the rank computed; it is timed from the moment wait() is entered."""
+    results = run_ranks("scenarios_hangs:isend_overlap", 2, str(tmp_path), {}, timeout=120)
+    assert results[0]["hang_lines"] == results[1]["hang_lines"] == []

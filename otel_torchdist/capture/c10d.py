@@ -515,6 +515,8 @@ def _wrap_work_wait(orig: Callable) -> Callable:
     def wait(self, *args, **kwargs):
         if not _LIVE:
             return orig(self, *args, **kwargs)
+        if completion._pending_waits:
+            completion.on_wait_entered(self)
         try:
             result = orig(self, *args, **kwargs)
         except BaseException as exc:

@@ -31,13 +31,14 @@ _inflight: dict[int, _Join] = {}  # joins completed by a future, for the hang wa
 class _Join:
     """Completes one record after ``remaining`` works finished; the last end time wins."""
 
-    __slots__ = ("rec", "remaining", "source", "lock")
+    __slots__ = ("rec", "remaining", "source", "lock", "waiting")
 
     def __init__(self, rec: list, remaining: int) -> None:
         self.rec = rec
         self.remaining = remaining
         self.source = n.END_FUTURE
         self.lock = threading.Lock() if remaining > 1 else None
+        self.waiting = 0  # perf_counter_ns when wait() was entered, for a work with no other completion signal
 
     def done(self, source: str, error: BaseException | None = None) -> None:
         t_end = perf_counter_ns()
@@ -102,6 +103,8 @@ def _on_future(join: _Join, fut: Any) -> None:
 
 def _wait_for(work: Any, join: _Join) -> None:
     evicted = None
+    # Done at wait() at the earliest: the hang watchdog times it from there (in_flight), not from its issue.
+    _inflight.pop(id(join), None)
     with _pending_lock:
         _pending_waits[work] = join
         if len(_pending_waits) > MAX_PENDING_WAITS:
@@ -109,6 +112,13 @@ def _wait_for(work: Any, join: _Join) -> None:
             evicted = _pending_waits.pop(oldest)
     if evicted is not None:
         evicted.done(n.END_UNFINISHED)
+
+
+def on_wait_entered(work: Any) -> None:
+    """Called by the patched ``Work.wait`` before the original: from now on the hang watchdog times it."""
+    join = _pending_waits.get(work)
+    if join is not None and not join.waiting:
+        join.waiting = perf_counter_ns()
 
 
 def on_wait_returned(work: Any, error: BaseException | None = None) -> None:
@@ -130,11 +140,13 @@ def flush_unfinished() -> None:
         join.done(n.END_UNFINISHED)
 
 
-def in_flight() -> list[_Join]:
-    """Joins not yet done (future-tracked and awaiting wait()), for the hang watchdog."""
+def in_flight() -> list[tuple[list, int]]:
+    """(record, since) of the joins not yet done, for the hang watchdog: a future-tracked one since its
+    issue; one with no completion signal but wait() (gloo's send/recv) once wait() is entered, since then:
+    until then it may well be over (an isend waited after the compute it overlaps)."""
     with _pending_lock:
-        waiting = list(_pending_waits.values())
-    return list(_inflight.values()) + waiting
+        waiting = [(j.rec, j.waiting) for j in _pending_waits.values() if j.waiting]
+    return [(j.rec, j.rec[R.T_START]) for j in list(_inflight.values())] + waiting
 
 
 def pending_count() -> int:

@@ -59,6 +59,7 @@ class Watchdog:
         self._ages: dict[str, float] = {}
         self.board: Any = None  # hang_board.HangBoard, when the job has a TCPStore
         self._missing: dict[int, tuple[str, str, int, tuple[int, ...]]] = {}  # id(rec) -> op, group, seq, ranks
+        self._since: dict[int, int] = {}  # id(rec) -> when its hang clock started, where not at its issue
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="otel-torchdist-watchdog", daemon=True)
 
@@ -83,7 +84,12 @@ class Watchdog:
 
     def in_flight(self) -> list[list | tuple]:
         records = self.blocking_in_flight()
-        records += [join.rec for join in completion.in_flight()]
+        since = {}
+        for rec, t in completion.in_flight():
+            records.append(rec)
+            if t != rec[R.T_START]:
+                since[id(rec)] = t
+        self._since = since  # records timed from something other than their issue (check)
         records += ddp_native.in_flight()
         records += [entry[1] for entry in list(funcol._pending.values())]  # one copy, atomic under the GIL
         for gi in groups.all_groups():
@@ -101,7 +107,7 @@ class Watchdog:
                 continue
             seen.add(id(rec))
             gi = groups.BY_ID[rec[R.GROUP]]
-            age = (now - rec[R.T_START]) / 1e9
+            age = (now - self._since.get(id(rec), rec[R.T_START])) / 1e9
             if age >= oldest.get(gi.label, (-1.0,))[0]:
                 oldest[gi.label] = (age, rec)
             if age > self.threshold and id(rec) not in self._reported:
@@ -122,7 +128,10 @@ class Watchdog:
         if oldest is None:
             return None
         age, rec = oldest
-        return [rec[R.OP], rec[R.SEQ], round(age, 3)]
+        seq = rec[R.SEQ]
+        if seq is None:  # a blocking call learns its number when it returns: the group's, as _report reads it
+            seq = groups.BY_ID[rec[R.GROUP]].last_started()
+        return [rec[R.OP], seq, round(age, 3)]
 
     def _report(self, rec: list, gi: groups.GroupInfo, age: float, now: int) -> None:
         seq = rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
