@@ -134,3 +134,18 @@ def test_an_isend_overlapping_compute_and_waited_later_is_no_hang(tmp_path):
     hung while the rank computed; it is timed from the moment wait() is entered."""
     results = run_ranks("scenarios_hangs:isend_overlap", 2, str(tmp_path), {}, timeout=120)
     assert results[0]["hang_lines"] == results[1]["hang_lines"] == []
+
+
+def test_groups_of_one_description_get_the_same_labels_on_every_rank(fake_pg, instrumented):
+    """Labels were given in the order a rank first used its groups: with A = [1, 2] and B = [0, 1], both
+    "tp", rank 1 labelled A "tp" and B "tp:<name>", rank 0 (not in A) B "tp", and the board compared B's
+    progress on one rank with A's on another. A group made without this rank takes its description too."""
+    import torch.distributed as dist
+
+    from otel_torchdist.capture import groups
+
+    instrumented()
+    a = dist.new_group([1, 2], group_desc="tp")
+    b = dist.new_group([0, 1], group_desc="tp")
+    assert a is dist.GroupMember.NON_GROUP_MEMBER
+    assert groups.info(b).label == f"tp:{b.group_name}"  # what rank 1, in both, calls B

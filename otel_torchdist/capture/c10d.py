@@ -561,7 +561,12 @@ def _wrap_new_group(orig: Callable) -> Callable:
     @functools.wraps(orig)
     def new_group(*args, **kwargs):
         pg = orig(*args, **kwargs)
-        meet(pg)
+        if pg is c10d.GroupMember.NON_GROUP_MEMBER:
+            # new_group(ranks=None, timeout=None, backend=None, pg_options=None, use_local_synchronization=False,
+            # group_desc=None, ...)
+            groups.reserve_label(kwargs.get("group_desc", args[5] if len(args) > 5 else None))
+        else:
+            meet(pg)
         return pg
 
     return new_group

@@ -197,6 +197,15 @@ def _unique_label(gi: GroupInfo) -> str:
     return label
 
 
+def reserve_label(desc: Any) -> None:
+    """A group made without this rank (new_group returned NON_GROUP_MEMBER): its description is taken here
+    too, as on its members, so a later group of the same description gets the same label on every rank (the
+    hang board and the metrics compare groups across ranks by label)."""
+    if isinstance(desc, str) and desc and desc != "undefined":
+        with _lock:
+            _labels.add(desc)
+
+
 def forget(pg: Any) -> None:
     """A destroyed group: stop finding it by object (ids are reused) and let the object go.
 
