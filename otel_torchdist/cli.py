@@ -246,11 +246,20 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         result = plot_run(args.run, args.output, report, step=args.step)
     except StepNotTraced as exc:
         parser.error(str(exc))
+    except OSError as exc:
+        raise _Failed(f"cannot write the charts into {args.output}: {exc.strerror or exc}") from None
     for path in result.written:
         print(f"wrote {path}" + (f" (step {result.step})" if path.endswith("timeline.png") else ""))
     for why in result.skipped:
         print(f"skipped {why}")
     return 0 if result.written else 1
+
+
+def _files_of(path: str) -> list[str]:
+    """The files an analysis of ``path`` may read (the file, or every file under the folder)."""
+    if os.path.isfile(path):
+        return [path]
+    return [os.path.join(root, name) for root, _, names in os.walk(path) for name in names]
 
 
 def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -259,15 +268,28 @@ def cmd_export(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 
     if not args.perfetto:
         parser.error("export needs --perfetto OUT.json (the only export format so far)")
+    out = args.perfetto
+    if os.path.isdir(out):
+        parser.error(f"--perfetto must name a file, and {out} is a folder")
+    if os.path.exists(out) and any(os.path.samefile(out, f) for f in _files_of(args.run)):
+        parser.error(f"--perfetto {out} is one of the files it would read: name another")
+    # Written beside it and moved into place whole: a run with nothing to export, or a failure half-way,
+    # leaves a file that was there as it was.
+    partial = os.path.join(os.path.dirname(os.path.abspath(out)), f".{os.path.basename(out)}.{os.getpid()}.partial")
     try:
-        result = export(args.run, args.perfetto)
-    except RunNotFound as exc:
-        raise _Failed(str(exc)) from None
+        result = export(args.run, partial)
+    except (RunNotFound, OSError) as exc:
+        if os.path.exists(partial):
+            os.remove(partial)
+        if isinstance(exc, RunNotFound):
+            raise _Failed(str(exc)) from None
+        raise _Failed(f"cannot write {out}: {exc.strerror or exc}") from None
     for p in result.problems[:10]:
         print(f"skipped: {p}", file=sys.stderr)
     if not result.slices:
-        os.remove(args.perfetto)
-        raise _Failed(f"{args.run} holds no spans to export (metrics only?): {args.perfetto} not written")
+        os.remove(partial)
+        raise _Failed(f"{args.run} holds no spans to export (metrics only?): {out} not written")
+    os.replace(partial, out)
     print(
         f"wrote {args.perfetto}: {result.slices} slices of {len(result.ranks)} rank{'s' if len(result.ranks) != 1 else ''} "
         f"(one track per rank); open it at https://ui.perfetto.dev"

@@ -359,6 +359,29 @@ def test_perfetto_export_has_one_track_per_rank(runs, tmp_path, capsys):
             stack.append(e["ts"] + e["dur"])
 
 
+def test_export_leaves_what_it_reads_and_what_was_there_as_they_were(runs, tmp_path, capsys):
+    """`export X --perfetto X` truncated its own input, found nothing to export and removed it; a run with
+    nothing to export removed a file that was there before; an unusable path was a traceback."""
+    source = tmp_path / "run"
+    shutil.copytree(runs.demo, source)
+    inside = source / "traces.rank0.jsonl"
+    before = inside.read_bytes()
+    with pytest.raises(SystemExit) as exc:
+        run_cli(capsys, "export", str(source), "--perfetto", str(inside))
+    assert exc.value.code == 2 and "is one of the files it would read" in capsys.readouterr().err
+    assert inside.read_bytes() == before
+    metrics_only = tmp_path / "metrics-only"
+    metrics_only.mkdir()
+    shutil.copy(source / "metrics.rank0.jsonl", metrics_only)
+    kept = tmp_path / "trace.json"
+    kept.write_text("an earlier export")
+    code, _, err = run_cli(capsys, "export", str(metrics_only), "--perfetto", str(kept))
+    assert code == 1 and "holds no spans to export" in err and kept.read_text() == "an earlier export"
+    code, _, err = run_cli(capsys, "export", str(source), "--perfetto", str(tmp_path / "no" / "trace.json"))
+    assert code == 1 and "cannot write" in err and "Traceback" not in err
+    assert not [p for p in os.listdir(tmp_path) if p.endswith(".partial")]
+
+
 # ------------------------------------------------------------------------------------ bad input
 def test_missing_and_empty_folders(tmp_path, capsys):
     code, _, err = run_cli(capsys, "analyze", str(tmp_path / "nope"))
