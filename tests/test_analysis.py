@@ -328,6 +328,25 @@ def test_a_hang_in_a_subgroups_first_collective_names_the_member_that_never_arri
     assert "pair: rank 2 never arrived at all_reduce sequence number 1" in table.verdict
 
 
+def test_a_failure_the_run_went_on_after_is_no_hang():
+    """Every failed collective set the group stuck, whatever came after it: the ranks finished at 13/13 and
+    the verdict said they still waited in 13."""
+    records = resources(2) + [_seq_snapshot(0, 13, 13), _seq_snapshot(1, 13, 13)]
+    records += [coll(r, seq=None, n_ranks=2, error="TypeError: unsupported op") for r in range(2)]
+    table = builders.hang_report(records)
+    assert table.groups[0].stuck_seq is None
+    assert table.verdict.startswith("no hang left: 0 collective.hang report(s) and 2 failed collective(s)")
+
+
+def test_a_rank_whose_last_data_stops_early_is_named():
+    """Rank 1 died between two metric exports (19) after its spans reached 59, while rank 0 reached 80: the
+    verdict said no hang. The spans beyond a stale export count, and a rank behind is named."""
+    records = resources(2) + [_seq_snapshot(0, 80, 80), _seq_snapshot(1, 19, 19), coll(1, seq=59, n_ranks=2)]
+    table = builders.hang_report(records)
+    assert [(r.ranks, r.started) for r in table.groups[0].ranks] == [([0], 80), ([1], 59)]
+    assert table.verdict.startswith("default_pg: rank 1 last seen at sequence number 59 while rank 0 reached 80")
+
+
 def test_hang_report_from_spans_alone():
     # A Jaeger download: no metrics. Ranks 1 and 2 reported a hang at seq 3; rank 0's last span is seq 2.
     records = [coll(r, seq=s, n_ranks=3) for r in range(3) for s in (1, 2)]

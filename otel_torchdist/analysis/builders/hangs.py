@@ -30,6 +30,11 @@ def build(an: Analyzer, run: RunInfo) -> HangReport:
     from_spans: set[int] = set()
     for (rank, group), seq in an.span_seq.items():
         if rank in from_metrics:
+            # a rank's spans that went further than its last metric export: that export is stale (a rank
+            # killed between exports), and the spans are the better lower bound
+            for table in (started, completed):
+                if seq > table.get(group, {}).get(rank, seq):
+                    table[group][rank] = seq
             continue
         base = started.setdefault(group, {})
         base[rank] = max(base.get(rank, 0), seq)
@@ -127,7 +132,8 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
     hang_ranks = {
         h.rank for h in an.hang_spans if h.group == label and h.rank in members and not _resolved(h, completed)
     }
-    failed = {c.rank for c in an.failures if c.group == label and c.rank in members}
+    # a failure matters while its rank still has the group in flight: one the run went on after is history
+    failed = {c.rank for c in an.failures if c.group == label and c.rank in members and c.rank in in_flight}
     stuck = bool(in_flight or hang_ranks or failed)
     behind = [r for r in present if top is not None and started[r] < top]
     waiting = sorted(set(in_flight) | hang_ranks | failed)
@@ -166,6 +172,14 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
                 f"{label}: every rank reached sequence number {top}, and rank{'s' if len(waiting) > 1 else ''} "
                 f"{fmt_ranks(waiting)} still waited in it: slow or failed, not missing a rank"
             )
+    elif behind and top is not None:
+        ahead = [r for r in present if r not in behind]
+        verdict = (
+            f"{label}: rank{'s' if len(behind) > 1 else ''} {fmt_ranks(behind)} last seen at sequence number "
+            f"{max(started[r] for r in behind)} while rank{'s' if len(ahead) > 1 else ''} {fmt_ranks(ahead)} "
+            f"reached {top}, none in flight: ended early (killed, or an exception of its own), or its last data "
+            "is older than the others'"
+        )
     return HangGroup(
         group=label,
         members=list(members),
