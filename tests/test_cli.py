@@ -400,6 +400,9 @@ def test_a_folder_of_runs_asks_for_one(runs, tmp_path, capsys):
     shutil.copytree(runs.demo, tmp_path / "runs" / "first")
     code, _, err = run_cli(capsys, "analyze", str(tmp_path / "runs"))
     assert code == 1 and "is a folder of 1 run folder, not a run: pass one of them (newest last: first)" in err
+    (tmp_path / "runs" / "trace.json").write_text('{"traceEvents": []}')  # an export beside the runs
+    code, _, err = run_cli(capsys, "analyze", str(tmp_path / "runs"))
+    assert code == 1 and "is a folder of 1 run folder, not a run: pass one of them (newest last: first); or one of its other files (trace.json)" in err
 
 
 def test_cut_and_foreign_lines_give_a_partial_answer(runs, tmp_path, capsys):

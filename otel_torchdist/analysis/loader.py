@@ -102,19 +102,22 @@ def discover(path: str) -> Source:
             if x.endswith((".json", ".jsonl")) and os.path.isfile(os.path.join(path, x)) and not _RANK_FILE.match(x)
             and not x.startswith(("summary.rank", "run-description.rank", "prometheus-targets.rank"))
         ]
+        # run folders first: a stray export (a Perfetto trace written beside them) does not make it a folder
+        # of downloaded traces
+        runs = sorted(
+            (d for d in glob.glob(os.path.join(path, "*", "")) if glob.glob(os.path.join(d, "*.rank*.json*"))),
+            key=os.path.getmtime,
+        )
+        if runs:
+            listed = ", ".join(os.path.basename(os.path.normpath(d)) for d in runs[-5:])
+            raise RunNotFound(
+                f"{path} is a folder of {len(runs)} run folder{'s' if len(runs) > 1 else ''}, not a run: pass one of them "
+                f"(newest last: {listed})"
+                + (f"; or one of its other files ({', '.join(os.path.basename(o) for o in others[:3])})" if others else "")
+            )
         if others:
             files.extend(InputFile(path=p, role="otlp") for p in others)
         else:
-            runs = sorted(
-                (d for d in glob.glob(os.path.join(path, "*", "")) if glob.glob(os.path.join(d, "*.rank*.json*"))),
-                key=os.path.getmtime,
-            )
-            if runs:
-                listed = ", ".join(os.path.basename(os.path.normpath(d)) for d in runs[-5:])
-                raise RunNotFound(
-                    f"{path} is a folder of {len(runs)} run folder{'s' if len(runs) > 1 else ''}, not a run: pass one of them "
-                    f"(newest last: {listed})"
-                )
             present = ", ".join(sorted(os.listdir(path))[:8]) or "nothing"
             raise RunNotFound(
                 f"{path} holds no otel-torchdist telemetry (no traces.rank<R>.jsonl or metrics.rank<R>.jsonl; "
