@@ -322,7 +322,7 @@ def compare(report: CompareReport) -> str:
     lines.append(f"  {'step time ms':<22} {_ms(a.step_time_s, 14)} {_ms(b.step_time_s, 14)}")
     thr = lambda x: f"{x:>14.2f}" if x is not None else f"{'-':>14}"  # noqa: E731
     lines.append(f"  {'throughput ' + a.throughput_unit:<22} {thr(a.throughput)} {thr(b.throughput)}")
-    lines.append(f"  step time from: A {a.step_time_from}; B {b.step_time_from}")
+    lines.append(f"  step time from: A {a.step_time_from or 'no steps'}; B {b.step_time_from or 'no steps'}")
     for line in report.arithmetic:
         lines.append(f"  {line}")
     if report.ops:

@@ -143,7 +143,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
             f"spans of rank{'s' if len(used_spans) > 1 else ''} {fmt_ranks(used_spans)} (traced steps only)"
         )
     n_traced = sum(s.count for s in an.op_spans.values())
-    source = "counts, sizes, times and bandwidth from the " + (" and the ".join(parts) or "(no data)")
+    source = ("counts, sizes, times and bandwidth from the " + " and the ".join(parts)) if parts else "no collective data"
     source += f"; p50/p99 from {n_traced} traced calls" if n_traced else "; p50/p99 interpolated in the duration histograms"
     return OpsTable(source=source, rows=out, per_rank=per_rank, by_size=by_size)
 
