@@ -328,6 +328,15 @@ def test_a_hang_in_a_subgroups_first_collective_names_the_member_that_never_arri
     assert "pair: rank 2 never arrived at all_reduce sequence number 1" in table.verdict
 
 
+def test_a_failed_call_counts_as_a_call_and_adds_no_bytes():
+    """As the bytes counters count (drain/pipeline.py): a call that failed moved nothing the record vouches for."""
+    records = resources(2) + [coll(r, seq=1, n_ranks=2, size=1000) for r in range(2)]
+    records += [coll(r, seq=None, n_ranks=2, size=5000, error="RuntimeError: invalid tensor size") for r in range(2)]
+    (row,) = builders.ops_table(records).rows
+    assert (row.count, row.errors, row.total_bytes, row.mean_message_size) == (4, 2, 2000, 1000)
+    assert "(2 failed)" in "\n".join(render_text.ops(builders.ops_table(records)))
+
+
 def test_a_failure_the_run_went_on_after_is_no_hang():
     """Every failed collective set the group stuck, whatever came after it: the ranks finished at 13/13 and
     the verdict said they still waited in 13."""

@@ -62,12 +62,12 @@ def ops(table: OpsTable, noise_level: int = 0) -> list[str]:
         f"{'p50 ms':>9} {'p99 ms':>9} {'algbw':>11} {'busbw':>11}"
     )
     for r in table.rows:
-        calls = f"{r.count}" + (f" ({r.errors} err)" if r.errors else "")
         approx = "~" if r.quantiles_from == "histogram" else " "
         lines.append(
-            f"  {r.op:<28} {r.group:<14} {calls:>7} {r.calls_per_rank:>7.1f} {human_bytes(r.mean_message_size):>10} "
+            f"  {r.op:<28} {r.group:<14} {r.count:>7} {r.calls_per_rank:>7.1f} {human_bytes(r.mean_message_size):>10} "
             f"{r.total_s * 1e3:>10.2f} {r.mean_s * 1e3:>9.3f} {_ms(r.p50_s, 8, 3)}{approx}{_ms(r.p99_s, 8, 3)}{approx}"
             f"{_gb(r.algbw_gbps)} {_gb(r.busbw_gbps)}"
+            + (f"  ({r.errors} failed)" if r.errors else "")  # past the columns: the table stays aligned
         )
     lines.append(
         "  calls: one per rank per call, all ranks; algbw = sum(S) / sum(t); busbw = algbw x nccl-tests' bus factor "

@@ -151,7 +151,8 @@ class Analyzer:
         if agg is None:
             agg = self.op_spans[key] = OpAgg()
         agg.count += 1
-        agg.bytes += c.message_size
+        if c.error is None and c.end_source != n.END_UNFINISHED:  # what moved, as the bytes counters count it
+            agg.bytes += c.message_size
         agg.dur += c.duration_s
         agg.sketch.add(c.duration_s)
         meta = self.op_meta.get((c.op, c.group))

@@ -175,7 +175,8 @@ def _op_row(an: Analyzer, op, group, ws, rank, ranks, count, errors, nbytes, dur
         calls_per_rank=count / max(len(ranks), 1),
         errors=errors,
         total_bytes=nbytes,
-        mean_message_size=nbytes / count if count else 0.0,
+        # the bytes are those of the calls that did not fail (the counters' rule)
+        mean_message_size=nbytes / (count - errors) if count > errors else 0.0,
         total_s=dur,
         mean_s=dur / count if count else 0.0,
         p50_s=p50,
