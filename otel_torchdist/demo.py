@@ -231,11 +231,10 @@ def destinations(folder: str, options: dict[str, Any]) -> str:
     from . import config
 
     cfg = config.load({k: v for k, v in options.items() if k in config.OPTION_NAMES})
-    copy = ("file",) if cfg.run_folder_copy else ()
     where = []
     for signal, exporters in (
-        ("traces", dict.fromkeys((*cfg.resolved_traces_exporter(), *copy))),
-        ("metrics", dict.fromkeys((*cfg.resolved_metrics_exporters(), *copy))),
+        ("traces", cfg.with_run_folder_copy(cfg.resolved_traces_exporter())),
+        ("metrics", cfg.with_run_folder_copy(cfg.resolved_metrics_exporters())),
     ):
         parts = []
         for exporter in exporters:

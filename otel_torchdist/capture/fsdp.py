@@ -5,9 +5,10 @@ records; what they lack is the unit. FSDP2: ``FSDPParamGroup.unshard`` (all-gath
 which FSDP2 issues by calling ``unshard`` on the *target* group, so they are attributed to that unit) and
 ``FSDPParamGroup.post_backward`` (reduce-scatters, HSDP all-reduces) set the framework context to the
 group's module FQN for their duration. FSDP1: its runtime's ``_unshard`` and ``_reduce_grad`` functions do
-the same with the handle's module (``summon_full_params`` and full state dicts too, in the caller's phase). ``FSDPParamGroup.__init__`` (every ``fully_shard`` call, however the
-user imported it) and ``FullyShardedDataParallel.__init__`` become sharding spans with the parameters'
-unsharded and sharded shapes and the mesh.
+the same with the handle's module (``summon_full_params`` and full state dicts too, in the caller's phase).
+``FSDPParamGroup.__init__`` (every ``fully_shard`` call, however the user imported it) and
+``FullyShardedDataParallel.__init__`` become sharding spans with the parameters' unsharded and sharded
+shapes and the mesh.
 """
 
 from __future__ import annotations

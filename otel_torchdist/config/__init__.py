@@ -520,6 +520,10 @@ class Config:
         value = getattr(self, f"{signal}_{name}")
         return getattr(self, name) if value is None else value
 
+    def with_run_folder_copy(self, exporters: tuple[str, ...]) -> tuple[str, ...]:
+        """``exporters`` and the run folder's copy (``file``) where ``run_folder_copy`` keeps one."""
+        return tuple(dict.fromkeys((*exporters, "file"))) if self.run_folder_copy else exporters
+
     def resolved_metrics_exporters(self) -> tuple[str, ...]:
         """The library's own metric exporters (empty: none), ``prometheus`` for the per-rank endpoint."""
         if self.metrics_exporter is not None:

@@ -166,9 +166,9 @@ class Outbox:
             self.pending.append(span)
             return
         cut = None
+        cfg = self.cfg
         for fmt, queue in self.encoded.items():
             if fmt != "data" and cut is None:
-                cfg = self.cfg
                 cut = limited(
                     span, cfg.attribute_value_length_limit, cfg.attribute_count_limit, cfg.event_attribute_value_length_limit
                 )

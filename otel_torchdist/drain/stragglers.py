@@ -154,13 +154,12 @@ class Exchange:
                     self._exchange(*item)
                 except _Stopped:
                     return
-                except TimeoutError as exc:  # _wait's: a rank did not answer this window; the next may do
-                    health.error("stragglers", "the straggler exchange failed; scores are not updated", exc)
                 except Exception as exc:
-                    # No store to talk to, or it went away (its host ended): give up for this run, as the other
-                    # store threads do, rather than fail against it every window (torch logs each failure).
                     health.error("stragglers", "the straggler exchange failed; scores are not updated", exc)
-                    return
+                    if not isinstance(exc, TimeoutError):  # _wait's: a rank late this window; the next may do
+                        # No store to talk to, or it went away (its host ended): give up for this run, as the
+                        # other store threads do, rather than fail against it every window (torch logs each).
+                        return
         finally:
             self._client = None
 

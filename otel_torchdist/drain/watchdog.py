@@ -50,6 +50,11 @@ def default_threshold() -> float:
         return 300.0
 
 
+def _seq(rec: list, gi: groups.GroupInfo) -> int:
+    """The record's sequence number; a blocking call in flight learns its own when it returns: its group's."""
+    return rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
+
+
 class Watchdog:
     def __init__(self, rt: Any, threshold: float | None) -> None:
         self.rt = rt
@@ -128,13 +133,10 @@ class Watchdog:
         if oldest is None:
             return None
         age, rec = oldest
-        seq = rec[R.SEQ]
-        if seq is None:  # a blocking call learns its number when it returns: the group's, as _report reads it
-            seq = groups.BY_ID[rec[R.GROUP]].last_started()
-        return [rec[R.OP], seq, round(age, 3)]
+        return [rec[R.OP], _seq(rec, groups.BY_ID[rec[R.GROUP]]), round(age, 3)]
 
     def _report(self, rec: list, gi: groups.GroupInfo, age: float, now: int) -> None:
-        seq = rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
+        seq = _seq(rec, gi)
         message = (
             f"collective {rec[R.OP]} on group {gi.label} (sequence number {seq}) has been in flight for "
             f"{age:.1f} s (threshold {self.threshold:.1f} s); last completed on this group: {gi.last_completed}"

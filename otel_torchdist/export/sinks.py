@@ -16,6 +16,7 @@ import threading
 import time
 import urllib.parse
 import zlib
+from collections.abc import Callable
 from typing import Any
 
 from .. import health
@@ -334,10 +335,14 @@ def _rejected_in(signal: str, response: Any) -> tuple[int, str]:
     return (partial.rejected_spans if signal == "traces" else partial.rejected_data_points), partial.error_message
 
 
-def _count_rejected(signal: str, rejected: tuple[int, str], where: str) -> None:
-    """What a collector accepted the request but not (OTLP partial success: never sent again, per the spec):
-    counted as dropped, and said once per destination."""
-    count, message = rejected
+def _count_rejected(signal: str, read: Callable[[], tuple[int, str]], where: str) -> None:
+    """What a collector accepted the request but not (OTLP partial success, ``read`` from its answer: never
+    sent again, per the spec): counted as dropped, and said once per destination."""
+    try:
+        count, message = read()
+    except Exception as exc:  # an answer that is not an OTLP response: the request was accepted
+        health.error("export", f"could not read the collector's response ({where})", exc)
+        return
     if count:
         health.dropped("span" if signal == "traces" else "metric_point", count)
     if count or message:
@@ -428,10 +433,7 @@ class OtlpHttpSink(Sink):
         self.adapter.unwatch()
         status = resp.status_code
         if 200 <= status < 300:
-            try:
-                _count_rejected(self.signal, _partial_success(self.signal, resp.content, self.json), self.describe())
-            except Exception as exc:  # a body that is not an OTLP response: the request was accepted
-                health.error("export", f"could not read the collector's response ({self.describe()})", exc)
+            _count_rejected(self.signal, lambda: _partial_success(self.signal, resp.content, self.json), self.describe())
             return retry.Outcome(True)
         retryable = status in retry.RETRYABLE_HTTP
         delay = retry.retry_after(resp.headers.get("Retry-After")) if retryable else None
@@ -570,10 +572,7 @@ class OtlpGrpcSink(Sink):
             if name == "UNAVAILABLE" and "handshake" not in reason.lower():
                 self._reconnect = True
             return retry.Outcome(False, name in retry.RETRYABLE_GRPC, reason, delay, unreachable=name == "UNAVAILABLE")
-        try:
-            _count_rejected(self.signal, _rejected_in(self.signal, response), self.describe())
-        except Exception as exc:
-            health.error("export", f"could not read the collector's response ({self.describe()})", exc)
+        _count_rejected(self.signal, lambda: _rejected_in(self.signal, response), self.describe())
         return retry.Outcome(True)
 
     def export_span_fragments(self, resource, fragments, timeout=None):
@@ -647,9 +646,8 @@ def build(
     metric_sinks: list[Sink] = []
     traces = cfg.resolved_traces_exporter() if traces else ()
     metrics = cfg.resolved_metrics_exporters() if metrics else ()
-    if cfg.run_folder_copy and copy:
-        traces = tuple(dict.fromkeys((*traces, "file")))
-        metrics = tuple(dict.fromkeys((*metrics, "file")))
+    if copy:
+        traces, metrics = cfg.with_run_folder_copy(traces), cfg.with_run_folder_copy(metrics)
     if "otlp" in traces:
         proto = cfg.traces_protocol or cfg.protocol
         span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
