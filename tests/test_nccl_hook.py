@@ -515,7 +515,9 @@ def test_a_collective_started_outside_its_call_turns_the_check_off_with_a_warnin
     pg.hook(pg.info("ALLREDUCE", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
     assert nccl._START_CHECK[0] == -1 and [r[R.END] for r in R.QUEUE] == [n.END_NCCL_HOOK]
     assert "started outside its call" in caplog.text
-    assert re.search(r"number %d: called \+100000\d\d us \.\. \+100000\d\d us from its work's start" % rec[R.SEQ], caplog.text), caplog.text
+    # The call began exactly 10 s after the stamp; it ends whenever this (possibly busy) machine got to the hook.
+    called = re.search(r"number %d: called \+(\d+) us \.\. \+(\d+) us from its work's start" % rec[R.SEQ], caplog.text)
+    assert called and int(called[1]) == 10_000_000 <= int(called[2]) < 20_000_000, caplog.text
     rec = _issue(pg, gi)
     pg.hook(pg.info("COALESCED", rec[R.SEQ], rec[R.T_START] - 10_000_000_000))
     assert [r[R.END] for r in R.QUEUE][1:] == [n.END_NCCL_HOOK] and not gi.pending
