@@ -49,6 +49,12 @@ def late(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     pairs = [dist.new_group([0, 1]), dist.new_group([2, 3])] if args.get("pairs") else None
     dist.all_reduce(torch.ones(4))
     dist.barrier()
+    if args.get("p2p") and rank < 2:  # ranks 0 and 1 only: gloo numbers these on the two of them
+        t, peer = torch.ones(4), 1 - rank
+        (dist.send if rank == 0 else dist.recv)(t, peer)
+        (dist.isend if rank == 0 else dist.irecv)(t, peer).wait()
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t.clone(), peer), dist.P2POp(dist.irecv, t, peer)]):
+            work.wait()
     time.sleep(1.5)  # every board has published once
     stopped = args.get("stopped")
     if rank == stopped:
@@ -97,6 +103,20 @@ def other_op(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     except RuntimeError:
         pass
     otel_torchdist.uninstrument()
+    return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
+
+
+def recv_waits(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 1 receives from rank 0, which sends 3 s late: a hung point-to-point call, its peer's place."""
+    lines = _start(rank, ws, out, "recv-waits", 30.0)
+    if rank == 0:
+        time.sleep(3.0)
+        dist.send(torch.ones(4), dst=1)
+    else:
+        dist.recv(torch.ones(4), src=0)
+    dist.barrier()
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
     return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
 
 

@@ -16,8 +16,10 @@ from .harness import attrs, read_metric_lines, read_spans, run_ranks
 NOW = 1000.0
 
 
-def _report(started: int, inflight=None, age: float = 0.5, label: str = "default_pg") -> dict:
-    return {"time": NOW - age, "groups": {label: [started, started - 1, inflight]}}
+def _report(started: int, inflight=None, age: float = 0.5, label: str = "default_pg", p2p: int = 0) -> dict:
+    if inflight is not None:
+        inflight = [*inflight, inflight[1] - p2p]  # its collective number
+    return {"time": NOW - age, "groups": {label: [started, started - 1, inflight, started - p2p]}}
 
 
 def test_a_rank_behind_on_the_group_has_not_started_it_and_says_where_it_is():
@@ -41,7 +43,7 @@ def test_a_rank_in_another_collective_with_the_same_number_is_named():
 
 
 def test_a_rank_stuck_on_another_group_says_so():
-    progress = {0: _report(3), 1: {"time": NOW, "groups": {"default_pg": [2, 2, None], "pg1": [7, 6, ["broadcast", 7, 9.5]]}}}
+    progress = {0: _report(3), 1: {"time": NOW, "groups": {"default_pg": [2, 2, None, 2], "pg1": [7, 6, ["broadcast", 7, 9.5, 7], 7]}}}
     (missing,) = hang_board.missing_ranks(progress, (0, 1), 0, "default_pg", 3, "all_reduce", NOW)
     assert "in broadcast #7 on pg1 for 9.5 s" in missing.detail
 
@@ -49,6 +51,34 @@ def test_a_rank_stuck_on_another_group_says_so():
 def test_ranks_ahead_or_in_it_are_not_missing():
     progress = {0: _report(3, ["all_reduce", 3, 2.0]), 1: _report(4), 2: _report(3, ["all_reduce", 3, 1.0])}
     assert hang_board.missing_ranks(progress, (0, 1, 2), 0, "default_pg", 3, "all_reduce", NOW) == []
+
+
+def test_ranks_compare_collectives_without_the_point_to_point_calls_gloo_numbers_on_two_ranks_only():
+    """Ranks 0 and 1 exchanged four point-to-point calls, rank 2 took no part: torch's numbers on gloo are 7
+    and 3 for the same all_reduce, their collective numbers 3 alike."""
+    progress = {1: _report(6, p2p=4), 2: _report(3, ["all_reduce", 3, 2.0])}
+    (missing,) = hang_board.missing_ranks(progress, (0, 1, 2), 0, "default_pg", 3, "all_reduce", NOW)
+    assert missing.rank == 1
+    assert missing.detail.startswith("last started #6 on default_pg (collective #2, its point-to-point calls aside); ")
+    progress = {0: _report(7, ["all_reduce", 7, 2.0], p2p=4), 1: _report(7, ["broadcast", 7, 2.0], p2p=4)}
+    (missing,) = hang_board.missing_ranks(progress, (0, 1, 2), 2, "default_pg", 3, "all_reduce", NOW)
+    assert missing.rank == 1 and missing.detail.startswith("started #7 on default_pg as broadcast, not all_reduce")
+
+
+def test_a_groups_collective_numbers_leave_its_point_to_point_calls_out(fake_pg):
+    """Numbers 3, 6 and 7 were point-to-point calls (one, then a batch of two): the collectives 1, 2, 4, 5, 8
+    are the group's first to fifth; past the marks kept, a number older than them is unknown."""
+    from otel_torchdist.capture import groups
+
+    gi = groups.info(None)
+    gi.p2p_called(2, 3)
+    gi.p2p_called(5, 7)
+    gi.p2p_called(9, 9)  # a call that moved nothing (NCCL counts them apart)
+    assert [gi.collective_number(s) for s in (1, 2, 4, 5, 8)] == [1, 2, 3, 4, 5]
+    assert gi.p2p_moved == 3 and gi.collectives_started() == gi.last_started() - 3
+    for seq in range(10, 10 + 2 * groups.P2P_MARKS, 2):
+        gi.p2p_called(seq, seq + 1)
+    assert gi.collective_number(8) is None and gi.collective_number(10 + 2 * groups.P2P_MARKS) == 10 + 2 * groups.P2P_MARKS - (3 + groups.P2P_MARKS)
 
 
 # ------------------------------------------------------------------------------------------ real ranks
@@ -108,6 +138,19 @@ def test_four_ranks_two_late_ranks_on_different_groups_are_each_named_by_their_p
     assert job["hangs"][1] == job["hangs"][3] == []
 
 
+def test_three_ranks_point_to_point_calls_of_two_of_them_do_not_confuse_who_is_missing(tmp_path_factory):
+    """Ranks 0 and 1 exchange four point-to-point calls, which gloo numbers on those two only; then rank 1
+    is late. Compared on torch's numbers, rank 0 named rank 2 too, and rank 2 named nobody."""
+    job = _job(tmp_path_factory, 3, {"run_id": "p2p3", "p2p": True, "late": {"1": 4.0}})
+    for waiting, seq in ((0, 7), (2, 3)):
+        (hang,) = job["hangs"][waiting]
+        assert hang["attributes"][n.COLL_SEQ] == seq
+        assert hang["attributes"][n.HANG_MISSING_RANKS] == [1], hang["attributes"]
+        (line,) = job["results"][waiting]["hang_lines"]
+        assert "not started by rank 1 (last started #6 on default_pg (collective #2, its point-to-point calls aside); " in line
+    assert job["hangs"][1] == []
+
+
 def test_three_ranks_a_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp_path_factory):
     job = _job(tmp_path_factory, 3, {"run_id": "frozen3", "stopped": 2, "stopped_s": 5.0})
     for waiting in (0, 1):
@@ -127,6 +170,16 @@ def test_ranks_in_different_blocking_collectives_name_each_other(tmp_path):
     assert "not started by rank 1 (started #3 on default_pg as broadcast, not all_reduce" in line0
     (line1,) = results[1]["hang_lines"]
     assert "not started by rank 0 (started #3 on default_pg as all_reduce, not broadcast" in line1
+
+
+def test_a_hung_receive_says_where_its_peer_is_and_no_verdict(tmp_path):
+    """Only the peer takes part in a point-to-point call: the board says where it is, not that it has not
+    started it (it cannot know what the peer posted)."""
+    results = run_ranks("scenarios_hangs:recv_waits", 2, str(tmp_path), {}, timeout=120)
+    (line,) = results[1]["hang_lines"]
+    assert line.startswith("collective recv on group default_pg (sequence number 3) has been in flight for "), line
+    assert "; its peer rank 0: no collective in flight; reported " in line and "not started" not in line, line
+    assert results[0]["hang_lines"] == []
 
 
 def test_an_isend_overlapping_compute_and_waited_later_is_no_hang(tmp_path):

@@ -342,8 +342,51 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
 
     if hot_eligible(spec, binder):
         HOT.append((hot, spec, binder, orig, body))
+    if spec.kind == bw.SEND_RECV:
+        wrapper = _counting_p2p(spec, binder, orig, wrapper)
     wrapper.__otel_torchdist_wrapped__ = orig
     return wrapper
+
+
+def _counting_p2p(spec: OpSpec, binder: Binder, orig: Callable, call: Callable) -> Callable:
+    """A point-to-point function's wrapper that also tells its group how far the call moved the group's
+    sequence number (GroupInfo.p2p_called), around ``call``, the wrapper of either path."""
+    at = binder.index(spec.payload[0] if spec.size == "batch" else spec.group)
+    batch = spec.size == "batch"
+
+    @functools.wraps(orig)
+    def counted(*args, **kwargs):
+        if not _LIVE or _is_compiling() or TLS.outer is not None:
+            return call(*args, **kwargs)
+        try:
+            value = binder.bind(args, kwargs)[at]
+            gi, before = _seq_before((value[0].group if value else None) if batch else value)
+        except Exception as exc:
+            health.error("capture", f"could not number a {spec.name} call", exc)
+            gi = before = None
+        try:
+            return call(*args, **kwargs)
+        finally:
+            if before is not None:
+                _p2p_moved(gi, before)
+
+    return counted
+
+
+def _seq_before(group: Any) -> tuple[groups.GroupInfo | None, int | None]:
+    """The group of a point-to-point call about to be made and its sequence number now, where the group
+    numbers its calls with torch's counter (not on a group of several backends: NCCL's counter is its own)."""
+    gi = groups.info(group)
+    if gi is None or not gi.seq_supported or gi.cpu_backend is not None:
+        return gi, None
+    return gi, int(gi.pg._get_sequence_number_for_group())
+
+
+def _p2p_moved(gi: groups.GroupInfo, before: int) -> None:
+    try:
+        gi.p2p_called(before, int(gi.pg._get_sequence_number_for_group()))
+    except Exception as exc:
+        health.error("capture", "could not number a point-to-point call", exc)
 
 
 # ------------------------------------------------------------------------------- _coalescing_manager
@@ -431,6 +474,8 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple, dict], None
     """A ``ProcessGroup`` method called directly from Python, recorded as ``op``; ``fill(rec, group info,
     args, kwargs)`` adds what the method's arguments say (peer, root, size)."""
 
+    p2p = kind == bw.SEND_RECV
+
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
@@ -450,12 +495,21 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple, dict], None
                 rec = None
             if rec is None:
                 return orig(self, *args, **kwargs)
+            before = None
+            if p2p:
+                try:
+                    gi, before = _seq_before(self)
+                except Exception as exc:
+                    health.error("capture", f"could not number a ProcessGroup.{orig.__name__} call", exc)
             rec[R.T_START] = perf_counter_ns()
             try:
                 work = orig(self, *args, **kwargs)
             except BaseException as exc:
                 _fail(rec, exc)
                 raise
+            finally:
+                if before is not None:
+                    _p2p_moved(gi, before)
             try:
                 _finish(rec, work)
             except Exception as exc:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import collections
 import itertools
 import logging
 import threading
@@ -15,6 +16,7 @@ import torch.distributed.distributed_c10d as c10d
 _log = logging.getLogger(__name__)
 
 SMALL_GROUP = 16  # member ranks are listed on spans for groups up to this size
+P2P_MARKS = 4096  # point-to-point calls a group remembers the numbers of (GroupInfo.collective_number)
 
 # How completion of an async collective can be observed on a backend.
 COMPLETION_FUTURE = "future"  # Work.get_future() completes when the collective does (gloo, mpi, ucc, fake)
@@ -44,6 +46,8 @@ class GroupInfo:
         "last_completed",
         "cpu_backend",
         "cpu_seq",
+        "p2p_moved",
+        "p2p_marks",
     )
 
     def __init__(self, pg: Any) -> None:
@@ -85,6 +89,10 @@ class GroupInfo:
         self.lock = threading.Lock()
         self.span_attrs: tuple = ()  # the group's own span attributes, shared by all its spans
         self.last_completed = 0  # highest sequence number seen complete (the drain thread updates it)
+        # gloo numbers a send or a receive on the two ranks that take part only: the numbers its calls moved,
+        # so every rank can count the group's collectives alike (collective_number, the hang board)
+        self.p2p_moved = 0
+        self.p2p_marks: collections.deque[tuple[int, int]] = collections.deque(maxlen=P2P_MARKS)  # (seq after, moved)
 
     def next_seq(self) -> int | None:
         """The sequence number of the collective just issued on this group."""
@@ -103,6 +111,26 @@ class GroupInfo:
             except Exception:
                 pass
         return int(repr(self.own_seq)[len("count(") : -1]) - 1  # itertools.count shows its next value
+
+    def p2p_called(self, before: int, after: int) -> None:
+        """A point-to-point call (or a batch of them) took the group's sequence number from ``before`` to
+        ``after``: on backends that number them with the collectives (gloo); NCCL counts them apart."""
+        if after > before:
+            self.p2p_moved += after - before
+            self.p2p_marks.append((after, self.p2p_moved))
+
+    def collective_number(self, seq: int) -> int | None:
+        """How many calls every rank of the group makes (collectives, not point-to-point) this rank had
+        started with the call numbered ``seq``; None when its point-to-point history is no longer kept."""
+        marks = list(self.p2p_marks)  # one copy: the training thread appends meanwhile
+        for after, moved in reversed(marks):
+            if after < seq:
+                return seq - moved
+        return None if len(marks) == P2P_MARKS else seq
+
+    def collectives_started(self) -> int:
+        """How many calls every rank of the group makes this rank has started (collective_number's count)."""
+        return self.last_started() - self.p2p_moved
 
     def global_rank(self, group_rank: int | None) -> int | None:
         if group_rank is None:

@@ -8,9 +8,12 @@ on large jobs: a world of W ranks publishes every W/2000 s, so the store takes a
 second) and only when the watchdog has looked again.
 
 When the watchdog finds a collective in flight past the hang threshold, it asks the board which ranks of
-that group have not started it: one read of the group's keys, bounded by ``LOOKUP_TIMEOUT``. A rank whose
-started sequence number on the group is behind, or that never reported, has not started it; a rank that
-is on the same sequence number with another op is named too (the ranks called different collectives).
+that group have not started it: one read of the group's keys, bounded by ``LOOKUP_TIMEOUT``. The ranks
+compare how many of the group's collectives each has started (torch's sequence numbers less the numbers
+gloo gives the point-to-point calls of the two ranks that take part: GroupInfo.collective_number). A rank
+that is behind, or that never reported, has not started it; a rank that is in the same collective number
+with another op is named too (the ranks called different collectives). For a hung point-to-point call the
+board tells where its peer is, without a verdict: it does not know what the peer has posted.
 What each of them last started, and how long ago it last reported (a rank that stopped reporting is dead or
 stuck outside Python), goes into the watchdog's log line, its span and a metric.
 """
@@ -39,9 +42,10 @@ class Missing:
     detail: str  # what it last started, and when it last reported
 
 
-def missing_ranks(progress: dict[int, dict | None], ranks: tuple[int, ...], me: int, label: str, seq: int, op: str, now: float) -> list[Missing]:
-    """The ranks of ``ranks`` (global) that have not started collective ``seq`` (``op``) of group ``label``,
-    from each rank's published progress (None: never published)."""
+def missing_ranks(progress: dict[int, dict | None], ranks: tuple[int, ...], me: int, label: str, number: int, op: str, now: float) -> list[Missing]:
+    """The ranks of ``ranks`` (global) that have not started the group's collective number ``number``
+    (``op``; GroupInfo.collective_number) on group ``label``, from each rank's published progress (None:
+    never published). With ``number`` None (a point-to-point call's peer), where each rank is."""
     out = []
     for rank in ranks:
         if rank == me:
@@ -51,12 +55,15 @@ def missing_ranks(progress: dict[int, dict | None], ranks: tuple[int, ...], me: 
             out.append(Missing(rank, "never reported its progress (not instrumented, or gone before its first report)"))
             continue
         ago = f"reported {max(now - report['time'], 0.0):.1f} s ago"
-        started, completed, inflight = report["groups"].get(label, (0, 0, None))
+        started, _, inflight, count = report["groups"].get(label, (0, 0, None, 0))
         where = _describe(report["groups"])
-        if started < seq:
-            out.append(Missing(rank, f"last started #{started} on {label}; {where}; {ago}"))
-        elif inflight is not None and inflight[1] == seq and inflight[0] != op:
-            out.append(Missing(rank, f"started #{seq} on {label} as {inflight[0]}, not {op}; {where}; {ago}"))
+        if number is None:
+            out.append(Missing(rank, f"{where}; {ago}"))
+        elif count < number:
+            aside = "" if count == started else f" (collective #{count}, its point-to-point calls aside)"
+            out.append(Missing(rank, f"last started #{started} on {label}{aside}; {where}; {ago}"))
+        elif inflight is not None and inflight[3] == number and inflight[0] != op:
+            out.append(Missing(rank, f"started #{inflight[1]} on {label} as {inflight[0]}, not {op}; {where}; {ago}"))
     return out
 
 
@@ -65,7 +72,7 @@ def _describe(groups: dict[str, list]) -> str:
     inflight = [(entry[2][2], label, entry[2]) for label, entry in groups.items() if entry[2] is not None]
     if not inflight:
         return "no collective in flight"
-    age, label, (op, seq, _) = max(inflight)
+    age, label, (op, seq, *_) = max(inflight)
     return f"in {op} #{seq} on {label} for {age:.1f} s"
 
 
@@ -95,18 +102,21 @@ class HangBoard:
             self._thread.join(timeout=STORE_TIMEOUT.total_seconds() + 1)
 
     def update(self, groups: dict[str, list]) -> None:
-        """The watchdog's look at this rank: ``{group label: [started, completed, [op, seq, age] | None]}``."""
+        """The watchdog's look at this rank: ``{group label: [started, completed, [op, seq, age, collective
+        number] | None, collectives started]}`` (sequence numbers are torch's, which on gloo count the
+        point-to-point calls of the ranks that take part only; collective numbers leave those out)."""
         self._latest = {"time": time.time(), "groups": groups}
 
-    def lookup(self, label: str, ranks: tuple[int, ...], seq: int, op: str) -> list[Missing] | None:
-        """The ranks of the group that have not started collective ``seq``; None when the board cannot tell
+    def lookup(self, label: str, ranks: tuple[int, ...], number: int | None, op: str) -> list[Missing] | None:
+        """The ranks of the group that have not started its collective ``number`` (where ``ranks`` are, for
+        ``number`` None: missing_ranks); None when the board cannot tell
         within ``LOOKUP_TIMEOUT`` (no store, the store gone, the board stopped)."""
         if self._stopping.is_set() or not self._thread.is_alive():
             return None
         answer: list = []
         done = threading.Event()
         try:
-            self._requests.put_nowait((label, ranks, seq, op, answer, done))
+            self._requests.put_nowait((label, ranks, number, op, answer, done))
         except queue.Full:
             return None
         self._wake.set()
@@ -142,7 +152,7 @@ class HangBoard:
     def _answer_requests(self) -> None:
         while True:
             try:
-                label, ranks, seq, op, answer, done = self._requests.get_nowait()
+                label, ranks, number, op, answer, done = self._requests.get_nowait()
             except queue.Empty:
                 return
             try:
@@ -151,7 +161,7 @@ class HangBoard:
                 present = list(ranks) if self._client.check(list(keys.values())) else [r for r in ranks if self._client.check([keys[r]])]
                 values = self._client.multi_get([keys[r] for r in present]) if present else []
                 progress: dict[int, dict | None] = {r: json.loads(v) for r, v in zip(present, values)}
-                answer.append(missing_ranks(progress, ranks, self.rank, label, seq, op, time.time()))
+                answer.append(missing_ranks(progress, ranks, self.rank, label, number, op, time.time()))
             finally:
                 done.set()
 

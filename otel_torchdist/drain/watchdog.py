@@ -25,6 +25,7 @@ import threading
 from time import perf_counter_ns
 from typing import Any
 
+from .. import bandwidth as bw
 from .. import callbacks, health
 from .. import names as n
 from ..capture import completion, ddp_native, funcol, groups, nccl
@@ -53,6 +54,32 @@ def default_threshold() -> float:
 def _seq(rec: list, gi: groups.GroupInfo) -> int:
     """The record's sequence number; a blocking call in flight learns its own when it returns: its group's."""
     return rec[R.SEQ] if rec[R.SEQ] is not None else gi.last_started()
+
+
+def _number(rec: list, gi: groups.GroupInfo, seq: int) -> int | None:
+    """The record's collective number on its group (GroupInfo.collective_number); None for a point-to-point
+    call, which only its peer takes part in."""
+    return None if rec[R.KIND] == bw.SEND_RECV else gi.collective_number(seq)
+
+
+def _peer(rec: list, gi: groups.GroupInfo) -> int | None:
+    """A point-to-point record's peer (global rank), when it has one (not a receive from any source, not a
+    batch of calls)."""
+    peer = rec[R.PEER]
+    if not peer:
+        return None
+    return peer[0] if peer[0] is not None else gi.global_rank(peer[1])
+
+
+def _place(gi: groups.GroupInfo, oldest: tuple[float, list] | None) -> list:
+    """This rank's place on ``gi`` for the hang board (HangBoard.update)."""
+    started = gi.last_started()
+    where = None
+    if oldest is not None:
+        age, rec = oldest
+        seq = _seq(rec, gi)
+        where = [rec[R.OP], seq, round(age, 3), _number(rec, gi, seq)]
+    return [started, gi.last_completed, where, started - gi.p2p_moved]
 
 
 class Watchdog:
@@ -120,7 +147,7 @@ class Watchdog:
         self._ages = {label: age for label, (age, _) in oldest.items()}
         if self.board is not None:
             # published before a hang is looked up: the other ranks read this rank's place on every group
-            self.board.update({gi.label: [gi.last_started(), gi.last_completed, self._where(oldest.get(gi.label))] for gi in groups.all_groups()})
+            self.board.update({gi.label: _place(gi, oldest.get(gi.label)) for gi in groups.all_groups()})
         for rec, gi, age in late:
             self._reported.add(id(rec))
             self._report(rec, gi, age, now)
@@ -128,20 +155,22 @@ class Watchdog:
         if len(self._reported) > 10000:
             self._reported = {r for r in self._reported if r in seen}
 
-    @staticmethod
-    def _where(oldest: tuple[float, list] | None) -> list | None:
-        if oldest is None:
-            return None
-        age, rec = oldest
-        return [rec[R.OP], _seq(rec, groups.BY_ID[rec[R.GROUP]]), round(age, 3)]
-
     def _report(self, rec: list, gi: groups.GroupInfo, age: float, now: int) -> None:
         seq = _seq(rec, gi)
         message = (
             f"collective {rec[R.OP]} on group {gi.label} (sequence number {seq}) has been in flight for "
             f"{age:.1f} s (threshold {self.threshold:.1f} s); last completed on this group: {gi.last_completed}"
         )
-        missing = self.board.lookup(gi.label, gi.global_ranks, seq, rec[R.OP]) if self.board is not None else None
+        number = _number(rec, gi, seq)
+        missing = None
+        if self.board is None:
+            pass
+        elif number is not None:
+            missing = self.board.lookup(gi.label, gi.global_ranks, number, rec[R.OP])
+        elif (peer := _peer(rec, gi)) is not None:
+            # only the peer takes part: where it is, not whether it posted the matching call
+            places = self.board.lookup(gi.label, (peer,), None, rec[R.OP])
+            message += "".join(f"; its peer rank {m.rank}: {m.detail}" for m in places or ())
         if missing:
             message += "; not started by " + "; ".join(f"rank {m.rank} ({m.detail})" for m in missing)
             self._missing[id(rec)] = (rec[R.OP], gi.label, seq, tuple(m.rank for m in missing))
