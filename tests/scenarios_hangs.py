@@ -120,6 +120,47 @@ def recv_waits(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
 
 
+def recv_blocks(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """3 ranks: rank 0 sends to rank 1 4 s late, rank 1 waits in its recv, rank 2 in the next all-reduce."""
+    lines = _start(rank, ws, out, "recv-blocks", 30.0)
+    if rank == 0:
+        time.sleep(4.0)
+        dist.send(torch.ones(4), dst=1)
+    elif rank == 1:
+        dist.recv(torch.ones(4), src=0)
+    dist.all_reduce(torch.ones(4))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
+
+
+def p2p_numbers(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """3 ranks, ranks 0 and 1 exchanging every kind of point-to-point call on the world and a subgroup, all
+    three in a monitored barrier: how many collectives each rank counts on each group."""
+    from otel_torchdist.capture import groups
+
+    _start(rank, ws, out, "p2p-numbers", 30.0)  # an all_reduce and a barrier
+    sub = dist.new_group([0, 1, 2])
+    dist.all_reduce(torch.ones(4), group=sub)
+    if rank < 2:
+        t, peer, pg = torch.ones(4), 1 - rank, groups.info(None).pg
+        (dist.send_object_list if rank == 0 else dist.recv_object_list)([{"a": 1}] if rank == 0 else [None], peer)
+        (dist.send_object_list if rank == 0 else dist.recv_object_list)([{"a": 1}] if rank == 0 else [None], peer, use_batch=True)
+        (dist.send if rank == 0 else dist.recv)(t, peer, group=sub)
+        (pg.send(tensors=[t], dstRank=1, tag=0) if rank == 0 else pg.recv(tensors=[t], srcRank=0, tag=0)).wait()
+        dist.send(t, 1) if rank == 0 else dist.recv(t)  # from any source
+        (dist.isend if rank == 0 else dist.irecv)(t, peer).wait()
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.isend, t.clone(), peer), dist.P2POp(dist.irecv, t, peer)]):
+            work.wait()
+    dist.monitored_barrier()
+    dist.all_reduce(torch.ones(4))
+    dist.all_reduce(torch.ones(4), group=sub)
+    counts = {label: [groups.info(g).last_started(), groups.info(g).collectives_started()] for label, g in (("world", None), ("sub", sub))}
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return counts
+
+
 def isend_overlap(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """Rank 0 isends, computes 2.5 s, then waits; rank 1's recv returns at once: no hang anywhere (gloo's
     send work has no completion signal before wait())."""

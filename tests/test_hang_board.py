@@ -151,6 +151,25 @@ def test_three_ranks_point_to_point_calls_of_two_of_them_do_not_confuse_who_is_m
     assert job["hangs"][1] == []
 
 
+def test_a_rank_waiting_in_a_receive_has_not_started_the_next_collective(tmp_path):
+    """Its receive was counted when it returned, so the rank stuck in it published one collective too many
+    and was never named."""
+    results = run_ranks("scenarios_hangs:recv_blocks", 3, str(tmp_path), {}, timeout=120)
+    (line,) = results[2]["hang_lines"]
+    assert "not started by rank 0 (last started #2 on default_pg; no collective in flight;" in line, line
+    assert "; rank 1 (last started #3 on default_pg (collective #2, its point-to-point calls aside); in recv #3 on default_pg for " in line
+
+
+def test_every_kind_of_point_to_point_call_leaves_the_ranks_counting_the_same_collectives(tmp_path):
+    """Object lists (plain and batched), a subgroup, ProcessGroup.send/recv by keyword, a receive from any
+    source, isend/irecv, a batch, and gloo's monitored barrier (point-to-point calls in C++ that move rank
+    0's number by 4 and the others' by 2): torch's numbers differ between ranks, the collective counts not."""
+    results = run_ranks("scenarios_hangs:p2p_numbers", 3, str(tmp_path), {}, timeout=120)
+    # world: _start's all_reduce and barrier, the monitored barrier, an all_reduce; sub: two all_reduces
+    assert [r["world"][1] for r in results] == [4, 4, 4] and [r["sub"][1] for r in results] == [2, 2, 2], results
+    assert results[0]["world"][0] != results[2]["world"][0] != results[1]["world"][0]
+
+
 def test_three_ranks_a_frozen_rank_is_named_with_how_long_it_has_been_silent(tmp_path_factory):
     job = _job(tmp_path_factory, 3, {"run_id": "frozen3", "stopped": 2, "stopped_s": 5.0})
     for waiting in (0, 1):

@@ -342,35 +342,33 @@ def wrap_function(spec: OpSpec, orig: Callable) -> Callable:
 
     if hot_eligible(spec, binder):
         HOT.append((hot, spec, binder, orig, body))
-    if spec.kind == bw.SEND_RECV:
-        wrapper = _counting_p2p(spec, binder, orig, wrapper)
+    if spec.name == "monitored_barrier":
+        wrapper = _monitored_barrier(orig, wrapper)
     wrapper.__otel_torchdist_wrapped__ = orig
     return wrapper
 
 
-def _counting_p2p(spec: OpSpec, binder: Binder, orig: Callable, call: Callable) -> Callable:
-    """A point-to-point function's wrapper that also tells its group how far the call moved the group's
-    sequence number (GroupInfo.p2p_called), around ``call``, the wrapper of either path."""
-    at = binder.index(spec.payload[0] if spec.size == "batch" else spec.group)
-    batch = spec.size == "batch"
+def _monitored_barrier(orig: Callable, call: Callable) -> Callable:
+    """gloo's monitored_barrier is point-to-point calls in C++ that move the group's number (rank 0 by
+    2(n-1), the others by 2): all but one of those moves are told to the group as point-to-point, so the
+    barrier counts as one collective on every rank (GroupInfo.collective_number)."""
 
     @functools.wraps(orig)
-    def counted(*args, **kwargs):
-        if not _LIVE or _is_compiling() or TLS.outer is not None:
+    def numbered(*args, **kwargs):
+        if not _LIVE or _is_compiling():
             return call(*args, **kwargs)
         try:
-            value = binder.bind(args, kwargs)[at]
-            gi, before = _seq_before((value[0].group if value else None) if batch else value)
+            gi, before = _seq_before(kwargs.get("group", args[0] if args else None))
         except Exception as exc:
-            health.error("capture", f"could not number a {spec.name} call", exc)
+            health.error("capture", "could not number a monitored_barrier call", exc)
             gi = before = None
         try:
             return call(*args, **kwargs)
         finally:
             if before is not None:
-                _p2p_moved(gi, before)
+                _p2p_moved(gi, before, barrier=True)
 
-    return counted
+    return numbered
 
 
 def _seq_before(group: Any) -> tuple[groups.GroupInfo | None, int | None]:
@@ -382,9 +380,12 @@ def _seq_before(group: Any) -> tuple[groups.GroupInfo | None, int | None]:
     return gi, int(gi.pg._get_sequence_number_for_group())
 
 
-def _p2p_moved(gi: groups.GroupInfo, before: int) -> None:
+def _p2p_moved(gi: groups.GroupInfo, before: int, barrier: bool = False) -> None:
+    """Tell ``gi`` how far a point-to-point call moved its number since ``before``: a send or a receive by
+    one at most (more is another thread's collective meanwhile); a monitored barrier all but its last."""
     try:
-        gi.p2p_called(before, int(gi.pg._get_sequence_number_for_group()))
+        after = int(gi.pg._get_sequence_number_for_group())
+        gi.p2p_called(before, after - 1 if barrier else min(after, before + 1))
     except Exception as exc:
         health.error("capture", "could not number a point-to-point call", exc)
 
@@ -474,8 +475,6 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple, dict], None
     """A ``ProcessGroup`` method called directly from Python, recorded as ``op``; ``fill(rec, group info,
     args, kwargs)`` adds what the method's arguments say (peer, root, size)."""
 
-    p2p = kind == bw.SEND_RECV
-
     def make(orig: Callable) -> Callable:
         @functools.wraps(orig)
         def method(self, *args, **kwargs):
@@ -495,21 +494,12 @@ def _pg_method(op: str, kind: str, fill: Callable[[list, Any, tuple, dict], None
                 rec = None
             if rec is None:
                 return orig(self, *args, **kwargs)
-            before = None
-            if p2p:
-                try:
-                    gi, before = _seq_before(self)
-                except Exception as exc:
-                    health.error("capture", f"could not number a ProcessGroup.{orig.__name__} call", exc)
             rec[R.T_START] = perf_counter_ns()
             try:
                 work = orig(self, *args, **kwargs)
             except BaseException as exc:
                 _fail(rec, exc)
                 raise
-            finally:
-                if before is not None:
-                    _p2p_moved(gi, before)
             try:
                 _finish(rec, work)
             except Exception as exc:
@@ -528,7 +518,33 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
         if has_peer and len(args) > 1:
             rec[R.PEER] = (None, args[1])
 
-    return _pg_method(op, bw.SEND_RECV, fill)
+    recording = _pg_method(op, bw.SEND_RECV, fill)
+
+    def make(orig: Callable) -> Callable:
+        record = recording(orig)
+
+        # Every send and receive reaches these methods from Python (dist.send/recv/isend/irecv, batches,
+        # object lists, the native path's calls), nested or not, recorded or not: each tells its group
+        # whether it moved the group's number (gloo: by one; NCCL counts them apart). Read around the issue
+        # only, not a wait, so a collective of another thread meanwhile is seldom taken for one.
+        @functools.wraps(orig)
+        def method(self, *args, **kwargs):
+            if not _LIVE or _is_compiling():
+                return orig(self, *args, **kwargs)
+            try:
+                gi, before = _seq_before(self)
+            except Exception as exc:
+                health.error("capture", f"could not number a ProcessGroup.{orig.__name__} call", exc)
+                gi = before = None
+            try:
+                return record(self, *args, **kwargs)
+            finally:
+                if before is not None:
+                    _p2p_moved(gi, before)
+
+        return method
+
+    return make
 
 
 def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:
