@@ -239,6 +239,7 @@ class StepTracker:
         # iteration does after optimizer.step() (a logged loss all-reduced) stays in its step.
         self.fetching = False
         self.pending: tuple[int, bool] | None = None
+        self.stepped = False  # an optimizer step closed a step: a fetch from now on is the loop's
         self._lock = threading.RLock()
         self._recent = _Recent(101)
         self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (drain/step_close.py)
@@ -424,12 +425,16 @@ class StepTracker:
         lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
         try:
             if self.fetching and self.open:
-                # The iteration goes on until the next batch is fetched (on_fetch closes it then).
-                close = self._closing(t_end, False, None, self.pending[1]) if self.pending is not None else None
-                if close is not None:  # two optimizer steps without a fetch between: the first ends here
-                    self._begin(self.index + 1, "optimizer", t_end)
-                self.pending = (t_end, first)
-                return close
+                if self.pending is None:
+                    # The iteration goes on until the next batch is fetched (on_fetch closes it then).
+                    self.pending = (t_end, first)
+                    return None
+                # Two optimizer steps without a fetch between: the loop stopped fetching. The step open since
+                # the first ends here (what ran since is in it), and steps end at optimizer steps again.
+                self.fetching = False
+                first = first or self.pending[1]
+                self.pending = None
+            self.stepped = True
             close = self._closing(t_end, False, None, first) if self.open else None
             self._begin(self.index + 1, "optimizer", t_end)
         finally:
@@ -440,6 +445,10 @@ class StepTracker:
         """A batch is being fetched from a DataLoader (training thread): the iteration an optimizer step
         ended is over, its step closes now and the next begins."""
         if not self.fetching:
+            # A loop fetches between optimizer steps; a batch read before the first (a peek at its shape)
+            # says nothing of the loop, and would keep every step open one iteration too long.
+            if not self.stepped:
+                return
             self.fetching = True
         if self.pending is None or self.explicit:
             return

@@ -782,7 +782,8 @@ def test_gradient_accumulation_gives_every_micro_batch_its_forward_and_backward(
 def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_pg, instrumented):
     """A DataLoader loop that all-reduces its loss for logging after opt.step(): that all-reduce is in the
     same step as the optimizer step, the step ends when the next batch is fetched, and the last iteration's
-    step covers its tail without the time after the loop."""
+    step covers its tail without the time after the loop. The set-up step ends at the first optimizer step
+    (a batch read before it says nothing of the loop: a peek at a shape reads one too)."""
     import time
 
     import torch
@@ -804,9 +805,10 @@ def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_
     otel_torchdist.uninstrument()
     spans = read_spans(f"{folder}/traces.rank0.jsonl")
     steps = {s["spanId"]: s for s in spans if s["name"] == n.SPAN_RANK_STEP}
-    logged = [s for s in spans if s["name"] == "all_reduce"]
+    logged = sorted((s for s in spans if s["name"] == "all_reduce"), key=lambda s: int(s["startTimeUnixNano"]))
     assert len(logged) == 4
-    for c in logged:
+    assert steps[logged[0]["parentSpanId"]]["attributes"][n.STEP] == 2
+    for c in logged[1:]:
         (opt_span,) = [s for s in spans if s.get("parentSpanId") == c["parentSpanId"] and s["name"] == "optimizer.step"]
         assert c["parentSpanId"] in steps  # in the step of the optimizer step it followed
         assert int(c["startTimeUnixNano"]) >= int(opt_span["endTimeUnixNano"])
@@ -814,6 +816,39 @@ def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_
     assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 4
     last = max(steps.values(), key=lambda s: s["attributes"][n.STEP])
     assert (int(last["endTimeUnixNano"]) - int(last["startTimeUnixNano"])) / 1e9 < 0.25
+    assert trace_layout_problems(spans) == []
+
+
+def test_a_loader_read_once_leaves_each_iteration_in_its_own_step(fake_pg, instrumented):
+    """One batch peeked from a DataLoader, then a loop that never fetches: each optimizer step found the last
+    still waiting for a fetch and closed it at its own end, so step N held iteration N+1 and the last step
+    was empty (and across ranks, step N of a rank that peeked met step N+1 of one that did not)."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="peek")
+    loader = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 4)), batch_size=2)
+    next(iter(loader))
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for i in range(4):
+        time.sleep(0.05 * (i + 1))  # iteration i takes (i + 1) x 50 ms
+        model(torch.ones(2, 4)).sum().backward()
+        dist.all_reduce(torch.ones(2))
+        opt.step()
+        opt.zero_grad()
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = sorted((s for s in spans if s["name"] == n.SPAN_RANK_STEP), key=lambda s: s["attributes"][n.STEP])
+    assert [s["attributes"][n.STEP] for s in steps] == [1, 2, 3, 4]
+    for step in steps[1:]:  # step 1 holds the set-up
+        took = (int(step["endTimeUnixNano"]) - int(step["startTimeUnixNano"])) / 1e9
+        assert 0.05 * step["attributes"][n.STEP] <= took < 0.05 * step["attributes"][n.STEP] + 0.04, (step["attributes"][n.STEP], took)
+    assert all(s["name"] != "all_reduce" or s["parentSpanId"] in {st["spanId"] for st in steps} for s in spans)
     assert trace_layout_problems(spans) == []
 
 
