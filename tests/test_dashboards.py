@@ -175,6 +175,32 @@ def test_every_expression_parses(tmp_path):
     assert f"SUCCESS: {len(rules)} rules found" in done.stdout
 
 
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="needs promtool (Debian's prometheus)")
+def test_the_dcgm_panels_show_a_gpu_two_ranks_report(tmp_path):
+    """A rank reports every GPU its allocator holds memory on: with two ranks on one GPU (a torch.load
+    without map_location), the DCGM panels' join by UUID was many-to-many, an error in place of the panel."""
+    cases = [c for c in PANEL_CASES if "DCGM_FI_" in c.expr]
+    assert len(cases) == 3
+    dashboard = grafana.Dashboard(variables={"run": "j", "rank": ".*", "gpu": ".*", "resolution": "1m"})
+    gpus = {"GPU-aaa": "0", "GPU-bbb": "1"}
+    held = [("0", "GPU-aaa"), ("1", "GPU-bbb"), ("1", "GPU-aaa")]  # rank 1 holds memory on rank 0's GPU too
+    series = [
+        {"series": f'torchdist_gpu_utilization_ratio{{run="j",rank="{rank}",gpu="{gpus[uuid]}",uuid="{uuid}"}}', "values": "0.9x5"}
+        for rank, uuid in held
+    ]
+    tests = []
+    for case in cases:
+        (metric,) = re.findall(r"\bDCGM_FI_\w+", case.expr)
+        values = {"GPU-aaa": 0.7, "GPU-bbb": 0.6}
+        series += [{"series": f'{metric}{{gpu="{gpus[u]}",UUID="{u}",job="dcgm",instance="dcgm:9400"}}', "values": f"{v}x5"} for u, v in values.items()]
+        samples = [{"labels": f'{{rank="{rank}",gpu="{gpus[uuid]}"}}', "value": values[uuid]} for rank, uuid in held]
+        tests.append({"expr": dashboard.query(case.panel, case.target, 0).expr, "eval_time": "3m", "exp_samples": samples})
+    path = tmp_path / "dcgm.test.yml"
+    path.write_text(json.dumps({"rule_files": [], "tests": [{"interval": "1m", "input_series": series, "promql_expr_test": tests}]}))
+    done = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
 # ----------------------------------------------------------------------------------------------- live
 @pytest.fixture(scope="module")
 def stack(tmp_path_factory):
