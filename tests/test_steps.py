@@ -305,6 +305,28 @@ def test_slow_step_warns_once_with_a_span(fake_pg, instrumented):
     assert "x the median of recent steps" in warning["attributes"][n.WARNING_MESSAGE]
 
 
+def test_slow_steps_warn_again_a_hundred_steps_later_when_numbers_restart_every_epoch(fake_pg, instrumented):
+    """Rate-limited by the program's step numbers, a loop numbering its steps 0-29 in each epoch was never
+    warned again after its first slow step."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from tests.harness import read_spans
+
+    folder = instrumented(run_id="slow-epochs", trace_every_steps=1000)
+    for epoch in range(5):
+        for i in range(30):
+            with otel_torchdist.step(i):
+                dist.all_reduce(torch.ones(4))
+                time.sleep(0.3 if i == 20 and epoch in (0, 4) else 0.002)  # 120 steps apart
+    otel_torchdist.uninstrument()
+    warnings = [s for s in read_spans(f"{folder}/traces.rank0.jsonl") if s["name"] == n.SPAN_WARNING]
+    assert [w["attributes"][n.STEP] for w in warnings] == [20, 20]
+
+
 def test_an_optimizers_first_step_is_warmup_not_slow(fake_pg, instrumented):
     """A second model's first step (lazy initialisation) is not a slow step; its later slow step is."""
     import time

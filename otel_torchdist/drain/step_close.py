@@ -199,9 +199,10 @@ def _maybe_warn_slow(pipeline: Any, tracker: StepTracker, index: int, duration: 
     # The caller checked the factor, warm-up and history already.
     if duration - median < SLOW_STEP_MIN_EXCESS:
         return  # millisecond steps: a garbage collection is not worth a warning
-    if index - tracker._last_slow_warning < 100:
+    serial = info["serial"]  # steps begun, not the program's numbers: those may restart every epoch
+    if serial - tracker._last_slow_warning < 100:
         return  # one warning per hundred steps at most
-    tracker._last_slow_warning = index
+    tracker._last_slow_warning = serial
     message = f"step {index} took {duration:.3f} s, {duration / median:.1f}x the median of recent steps ({median:.3f} s)"
     _log.warning("%s", message)
 
