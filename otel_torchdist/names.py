@@ -316,7 +316,7 @@ TRAINING_SPAN_ATTRIBUTES = (
 
 # --------------------------------------------------------------------------------------------------
 # Steps, stragglers and hangs
-SPAN_STEP = "train.step"  # the shared root of one step's trace (rank 0 emits it)
+SPAN_STEP = "train.step"  # the shared root of one step's trace (rank 0 emits it, or the lowest rank trace_ranks keeps)
 SPAN_RANK_STEP = "train.rank_step"  # one per rank and step, child of the root
 SPAN_PHASES = {"forward": "train.forward", "backward": "train.backward"}  # a phase inside a rank's step, by phase
 SPAN_PHASE_BEFORE = "train.phase"  # what every phase span was named before (runs of earlier versions)

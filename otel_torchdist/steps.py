@@ -233,6 +233,7 @@ class StepTracker:
         self.pipeline: Any = None
         self.exchange: Any = None
         self.roots: Any = None  # step_roots.StepRoots: the cross-rank root's times (world > 1)
+        self.root_rank = 0  # the rank that emits the steps' roots: the lowest that traces (runtime/ranks.py)
         self.setup: tuple[int, float, float, float] | None = None  # the set-up step: number, duration, compute, wait
         # A loop that fetches its batches from a DataLoader: an optimizer step leaves its training step open
         # (pending: its end, and whether it was warm-up) until the next batch is fetched, so that what the

@@ -38,7 +38,8 @@ def steps(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     dist.init_process_group("gloo", rank=rank, world_size=ws)
-    _instrument(out, f"steps-ws{ws}", trace_first_steps=2, trace_every_steps=2, straggler_exchange_steps=0)
+    extra = args.get("extra", {})
+    _instrument(out, args.get("run", f"steps-ws{ws}"), trace_first_steps=2, trace_every_steps=2, straggler_exchange_steps=0, **extra)
     model = DDP(_mlp())
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     otel_torchdist.set_total_steps(20)

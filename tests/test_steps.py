@@ -75,6 +75,21 @@ def steps_job(request, tmp_path_factory):
     return _job(tmp_path_factory, "steps", ws, f"steps-ws{ws}")
 
 
+def test_ranks_that_trace_without_rank_0_have_their_steps_under_a_root(tmp_path_factory):
+    """trace_ranks="1-2" on 3 ranks: only rank 0 emitted the steps' roots, so every traced step span of
+    ranks 1 and 2 pointed at a parent that never came (and their step times stayed in the store)."""
+    out = str(tmp_path_factory.mktemp("traceranks"))
+    run_ranks("scenarios_steps:steps", 3, out, {"run": "steps-ranks12", "extra": {"trace_ranks": "1-2"}})
+    folder = os.path.join(out, "runs", "steps-ranks12")
+    assert not os.path.exists(os.path.join(folder, "traces.rank0.jsonl"))
+    by_rank = [read_spans(os.path.join(folder, f"traces.rank{r}.jsonl")) for r in (1, 2)]
+    spans = by_rank[0] + by_rank[1]
+    roots = [s for s in spans if s["name"] == n.SPAN_STEP]
+    assert roots and roots == [s for s in by_rank[0] if s["name"] == n.SPAN_STEP]  # the lowest traced rank's
+    assert {s["attributes"][n.STEP_RANKS_TIMED] for s in roots} == {2}
+    assert trace_layout_problems(spans) == []
+
+
 @pytest.mark.parametrize("native", ["off", "auto"])
 def test_a_step_of_many_collectives_keeps_its_intervals_bounded_and_its_wait_exact(fake_pg, instrumented, native):
     """A step that never ends (no optimizer, no marked steps) of 20 000 collectives: the drain keeps at most

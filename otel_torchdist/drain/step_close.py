@@ -152,7 +152,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
     if parent is not None and trace != shared:  # under the caller's span, in its trace: linked to the step's root
         span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, parent[1], t0 + off, t1 + off, attrs, links=((shared, root, ()),))
     else:  # under the step's root; linked to the caller's span when begun inside one
-        span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs, remote_parent=tracker.rank != 0)
+        span = SpanData(n.SPAN_RANK_STEP, trace, rank_span, root, t0 + off, t1 + off, attrs, remote_parent=tracker.rank != tracker.root_rank)
         if parent is not None:
             span.links = ((parent[0], parent[1], ()),)
     if info["error"]:
@@ -162,7 +162,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         span.events.append((n.EXCEPTION_EVENT, t1 + off, [(n.EXCEPTION_TYPE, etype), (n.EXCEPTION_MESSAGE, message)]))
     pipeline.outbox.add_span(span)
     root_span = None
-    if tracker.rank == 0:
+    if tracker.rank == tracker.root_rank:
         root_span = SpanData(
             n.SPAN_STEP,
             shared,
@@ -173,7 +173,7 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
             [(n.STEP, index), (n.STEP_SOURCE, info["source"]), (n.WORLD_SIZE, tracker.world)]
             + ([(n.STEP_OCCURRENCE, info["occurrence"])] if info["occurrence"] else []),
         )
-    if tracker.roots is not None:  # the root covers every rank's step: rank 0 emits it once they are in
+    if tracker.roots is not None:  # the root covers every rank's step: the root rank emits it once they are in
         tracker.roots.add(shared, t0 + off, t1 + off, root_span)
     elif root_span is not None:
         pipeline.outbox.add_span(root_span)

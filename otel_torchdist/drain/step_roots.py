@@ -1,6 +1,7 @@
 """The cross-rank root of a traced step, timed over every rank's part of it.
 
-Rank 0 emits a traced step's root span (``train.step``), the parent of every rank's ``train.rank_step``.
+The lowest traced rank (rank 0 unless ``trace_ranks`` leaves it out; "rank 0" below) emits a traced step's
+root span (``train.step``), the parent of every rank's ``train.rank_step``.
 Timed from rank 0's step alone, another rank's step that began earlier or ended later would lie outside its
 parent (Jaeger draws it past the root's end). So each rank publishes its traced steps' start and end under a
 key of the process group's TCPStore, from a thread of its own with a client connection of its own (never

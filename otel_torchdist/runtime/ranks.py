@@ -58,8 +58,10 @@ class RankThreads:
             self.exchange = stragglers.Exchange(pipeline, ident.trace_key, ident.rank, ident.world_size, every)
             tracker.exchange = self.exchange
             self.exchange.start()
+        # The lowest traced rank emits each traced step's root (rank 0 unless trace_ranks leaves it out).
+        traced = [r for r in range(ident.world_size) if cfg.traces_rank(r)] if ident.world_size > 1 else [0]
+        tracker.root_rank = traced[0] if traced else 0
         if ident.distributed and ident.world_size > 1 and cfg.traces_rank(ident.rank) and stragglers.default_tcp_store() is not None:
-            traced = [r for r in range(ident.world_size) if cfg.traces_rank(r)]
             self.roots = step_roots.StepRoots(pipeline, ident.trace_key, ident.rank, traced)
             tracker.roots = self.roots
             self.roots.start()
