@@ -26,6 +26,7 @@ ranks).
 from __future__ import annotations
 
 import bisect
+import functools
 import hashlib
 import logging
 import math
@@ -630,7 +631,30 @@ def _wrap_backward(orig):
     return backward
 
 
+def _wrap_scaler_step(orig):
+    """``GradScaler.step``: a step it skips calls no optimizer hook, yet ends the iteration's training step."""
+    from torch.compiler import is_compiling
+
+    from .capture import optim
+
+    @functools.wraps(orig)
+    def step(self, optimizer, *args, **kwargs):
+        if TRACKER[0] is None or is_compiling():
+            return orig(self, optimizer, *args, **kwargs)
+        before, t0 = optim.steps_of(optimizer), perf_counter_ns()
+        result = orig(self, optimizer, *args, **kwargs)
+        try:
+            if optim.steps_of(optimizer) == before:
+                optim.skipped(optimizer, t0)
+        except Exception as exc:
+            health.error("steps", "could not close the training step of a step GradScaler skipped", exc)
+        return result
+
+    return step
+
+
 def patches() -> list[Patch]:
     import torch.autograd
+    from torch.amp import grad_scaler
 
-    return [Patch(torch.autograd, "backward", _wrap_backward)]
+    return [Patch(torch.autograd, "backward", _wrap_backward), Patch(grad_scaler.GradScaler, "step", _wrap_scaler_step)]

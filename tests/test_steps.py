@@ -342,6 +342,42 @@ def test_slow_steps_warn_again_a_hundred_steps_later_when_numbers_restart_every_
     assert [w["attributes"][n.STEP] for w in warnings] == [20, 20]
 
 
+def test_a_step_gradscaler_skips_still_ends_its_training_step(fake_pg, instrumented):
+    """fp16 training skips optimizer steps whose gradients overflow (GradScaler, at its start and when its
+    scale grows too far): no optimizer hook ran, so the iteration merged into the next, and every later step
+    number was one behind the loop's."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="scaler", trace_first_steps=10)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    scaler = torch.amp.GradScaler("cpu")
+    for i in range(1, 6):
+        time.sleep(0.05)
+        loss = model(torch.ones(2, 4)).sum() * (float("inf") if i == 3 else 1.0)
+        scaler.scale(loss).backward()
+        dist.all_reduce(torch.ones(2))
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    assert scaler.get_scale() < 65536.0  # step 3 was skipped
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = sorted((s for s in spans if s["name"] == n.SPAN_RANK_STEP), key=lambda s: s["attributes"][n.STEP])
+    assert [s["attributes"][n.STEP] for s in steps] == [1, 2, 3, 4, 5]
+    for step in steps[1:]:
+        took = (int(step["endTimeUnixNano"]) - int(step["startTimeUnixNano"])) / 1e9
+        assert 0.05 <= took < 0.09, (step["attributes"][n.STEP], took)
+    assert sum(s["name"] == "optimizer.step" for s in spans) == 4
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 5
+    assert trace_layout_problems(spans) == []
+
+
 def test_an_optimizers_first_step_is_warmup_not_slow(fake_pg, instrumented):
     """A second model's first step (lazy initialisation) is not a slow step; its later slow step is."""
     import time

@@ -67,6 +67,24 @@ def _state(optimizer: Any) -> _Seen:
     return seen
 
 
+def steps_of(optimizer: Any) -> int:
+    """How many steps of ``optimizer`` the hooks saw end."""
+    seen = _seen.get(id(optimizer))
+    return 0 if seen is None else seen.count
+
+
+def skipped(optimizer: Any, t_start: int) -> None:
+    """GradScaler skipped ``optimizer``'s step (inf or NaN gradients: an fp16 run does, at its start and
+    whenever its scale grows too far): no hook ran, but the iteration is over, and so is its training step."""
+    on_step = closer[0]
+    running = getattr(_tls, "running", None)
+    if on_step is None or (running is not None and running.depth):
+        return  # inside another optimizer's step: that step's end closes it
+    close = on_step(steps_of(optimizer) == 0, t_start, perf_counter_ns(), _graph_task_id() != -1, optimizer)
+    if close is not None:
+        R.queue(close)
+
+
 def install() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 

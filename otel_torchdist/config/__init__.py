@@ -248,8 +248,9 @@ class Config:
     """Framework captures to leave out, by name: ``ddp`` (DDP's gradient buckets, its construction span and
     statistics), ``fsdp``, ``funcol`` (functional collectives: DTensor's and tensor parallel's), ``functions``
     (custom autograd functions' modules), ``dtensor``, ``checkpoint`` (distributed checkpoint), ``backward``
-    (backward-pass phase spans), ``dataloader``, ``nccl_completion`` (ProcessGroupNCCL's completion hook,
-    which gives NCCL records their GPU-true end and CUDA-event duration). What only that capture sees is
+    (backward-pass phase spans, and the training step a GradScaler-skipped optimizer step ends),
+    ``dataloader``, ``nccl_completion`` (ProcessGroupNCCL's completion hook, which gives NCCL records their
+    GPU-true end and CUDA-event duration). What only that capture sees is
     lost: DDP's buckets, which its reducer issues in C++, and functional collectives go unrecorded; FSDP's
     collectives (``torch.distributed`` calls) are still recorded without their unit, DTensor's (functional
     collectives) without their sharding span; without ``nccl_completion`` NCCL records end at enqueue
