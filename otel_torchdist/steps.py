@@ -238,10 +238,16 @@ class StepTracker:
         self.setup: tuple[int, float, float, float] | None = None  # the set-up step: number, duration, compute, wait
         # A loop that fetches its batches from a DataLoader: an optimizer step leaves its training step open
         # (pending: its end, and whether it was warm-up) until the next batch is fetched, so that what the
-        # iteration does after optimizer.step() (a logged loss all-reduced) stays in its step.
-        self.fetching = False
+        # iteration does after optimizer.step() (a logged loss all-reduced) stays in its step. Only where
+        # the two last iterations each fetched a batch: a batch read once (a peek at a shape), or a batch
+        # used for several optimizer steps, would keep steps open over the next iteration.
         self.pending: tuple[int, bool] | None = None
-        self.stepped = False  # an optimizer step closed a step: a fetch from now on is the loop's
+        self._fetched = False  # a batch since the last optimizer step
+        self._fetched_before = False  # a batch between the two optimizer steps before
+        self.gap = False  # no step open since another loader's batch closed one (an evaluation)
+        self.loader: int | None = None  # the training loader (on_fetch's source of the last optimizer step's batch)
+        self._source: int | None = None  # the loader of the last batch, and when its run of batches began
+        self._source_t = 0
         self._lock = threading.RLock()
         self._recent = _Recent(101)
         self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (drain/step_close.py)
@@ -312,6 +318,7 @@ class StepTracker:
         with self._lock:
             if self.pending is not None and source == "explicit":
                 self._settle(perf_counter_ns())  # explicit steps take over from an iteration's open step
+            self.gap = False
             took_over = self.open and source == "explicit" and self.source == "optimizer" and (index is None or int(index) == self.index)
             if took_over:
                 # An explicit step numbered like the open optimizer-closed one (or not numbered) would share
@@ -426,42 +433,55 @@ class StepTracker:
         lock = self._lock
         lock.acquire()  # not `with`: its protocol costs more than the two calls, once per training step
         try:
-            if self.fetching and self.open:
-                if self.pending is None:
-                    # The iteration goes on until the next batch is fetched (on_fetch closes it then).
-                    self.pending = (t_end, first)
-                    return None
-                # Two optimizer steps without a fetch between: the loop stopped fetching. The step open since
-                # the first ends here (what ran since is in it), and steps end at optimizer steps again.
-                self.fetching = False
+            fetched, self._fetched = self._fetched, False
+            defer, self._fetched_before = fetched and self._fetched_before, fetched
+            if fetched:
+                self.loader = self._source  # the training loader: the one this iteration's batch came from
+            if self.gap:
+                # No step open since another loader's batch (on_fetch): this iteration's batches came from a
+                # loader other than the last training one (made anew for an epoch), or it fetched none after
+                # an evaluation. Its step runs from that loader's first batch, or is its optimizer step.
+                self.gap = False
+                self._begin(self.index + 1, "optimizer", self._source_t if fetched else t_start)
+            if self.pending is not None:
+                # An optimizer step's step still open, and no batch since: the loop stopped fetching. It ends
+                # here (what ran since is in it).
                 first = first or self.pending[1]
                 self.pending = None
-            self.stepped = True
+            elif defer:
+                # A loop fetching a batch per iteration (this one and the last): the iteration goes on until the
+                # next batch is fetched (on_fetch closes its step then).
+                self.pending = (t_end, first)
+                return None
             close = self._closing(t_end, False, None, first) if self.open else None
             self._begin(self.index + 1, "optimizer", t_end)
         finally:
             lock.release()
         return close
 
-    def on_fetch(self, t: int) -> None:
-        """A batch is being fetched from a DataLoader (training thread): the iteration an optimizer step
-        ended is over, its step closes now and the next begins."""
-        if not self.fetching:
-            # A loop fetches between optimizer steps; a batch read before the first (a peek at its shape)
-            # says nothing of the loop, and would keep every step open one iteration too long.
-            if not self.stepped:
-                return
-            self.fetching = True
-        if self.pending is None or self.explicit:
+    def on_fetch(self, t: int, iterator: Any = None) -> None:
+        """A DataLoader handed out a batch whose fetch began at ``t`` (training thread): the iteration an
+        optimizer step ended is over, its step closes at ``t``, and the next begins there when the batch
+        comes from the training loader. A batch of another loader (an evaluation between optimizer steps)
+        begins none: evaluation is no training step, until the training loader's next batch."""
+        # A loader is known by its batch sampler, made once per DataLoader (its iterators change per epoch).
+        source = id(getattr(iterator, "_index_sampler", iterator))
+        if source != self._source:
+            self._source, self._source_t = source, t
+        self._fetched = True
+        if self.explicit or self.pending is None and (not self.gap or source != self.loader):
             return
         lock = self._lock
         lock.acquire()
         try:
             pending, self.pending = self.pending, None
-            if pending is None or not self.open:
-                return
-            close = self._closing(t, False, None, pending[1])
-            self._begin(self.index + 1, "optimizer", t)
+            close = None
+            if pending is not None and self.open:
+                close = self._closing(t, False, None, pending[1])
+                self.gap = True
+            if self.gap and source == self.loader:
+                self.gap = False
+                self._begin(self.index + 1, "optimizer", t)
         finally:
             lock.release()
         if close is not None:

@@ -892,6 +892,79 @@ def test_what_an_iteration_does_after_its_optimizer_step_stays_in_its_step(fake_
     assert trace_layout_problems(spans) == []
 
 
+def test_an_evaluation_between_optimizer_steps_is_in_no_training_step(fake_pg, instrumented):
+    """An evaluation loader read after an optimizer step (Hugging Face's Trainer every eval_steps, an
+    epoch's validation): its first batch began the next training step, which held the whole evaluation (a
+    slow step warned of at every evaluation), and the last one made a step of its own after the last
+    optimizer step. The training loader's next batch begins the next step; a loader made anew for an epoch
+    is the training loader once an optimizer step has used its batches."""
+    import time
+
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="eval", trace_first_steps=100)
+    data = torch.utils.data.TensorDataset(torch.ones(8, 4))
+    evaluation = torch.utils.data.DataLoader(data, batch_size=4)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    for epoch in range(3):
+        loader = torch.utils.data.DataLoader(data, batch_size=2) if epoch != 1 else loader  # made anew, or not
+        for (x,) in loader:
+            time.sleep(0.02)
+            model(x).sum().backward()
+            dist.all_reduce(torch.ones(1))
+            opt.step()
+            opt.zero_grad()
+        for _ in evaluation:  # 0.6 s, a collective per batch
+            time.sleep(0.3)
+            dist.all_reduce(torch.ones(2))
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = {s["spanId"]: s for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    assert sorted(s["attributes"][n.STEP] for s in steps.values()) == list(range(1, 13))  # 12 optimizer steps
+    for step in steps.values():
+        if step["attributes"][n.STEP] > 1:
+            assert (int(step["endTimeUnixNano"]) - int(step["startTimeUnixNano"])) / 1e9 < 0.25, step["attributes"]
+    evaluated = [s for s in spans if s["name"] == "all_reduce" and s["attributes"][n.COLL_MESSAGE_SIZE] == 8]
+    assert len(evaluated) == 6 and not any(s.get("parentSpanId") in steps for s in evaluated)
+    assert [s for s in spans if s["name"] == n.SPAN_WARNING] == []
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 12
+
+
+@pytest.mark.parametrize("loop", ["evaluation_only", "batch_reused"])
+def test_a_step_per_optimizer_step_where_batches_do_not_come_one_per_iteration(fake_pg, instrumented, loop):
+    """Training without a DataLoader and an evaluation loader read every 4 iterations, or each batch used for
+    3 optimizer steps (PPO's epochs over a rollout): a batch after an optimizer step kept the next step open
+    until the one after, which then held two iterations (10 and 9 steps for 12 optimizer steps)."""
+    import torch
+
+    import otel_torchdist
+
+    folder = instrumented(run_id=loop, trace_first_steps=100)
+    data = torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.ones(8, 4)), batch_size=4)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.01)
+    batches = iter(data) if loop == "batch_reused" else None
+    for i in range(12):
+        if batches is not None and i % 3 == 0:
+            (x,) = next(batches, None) or next(batches := iter(data))
+        model(torch.ones(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        if loop == "evaluation_only" and i % 4 == 3:
+            for _ in data:
+                pass
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    steps = {s["spanId"]: s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+    per_step = sorted(steps[s["parentSpanId"]] for s in spans if s["name"] == "optimizer.step")
+    assert per_step == list(range(1, 13))
+    assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 12
+
+
 def test_a_loader_read_once_leaves_each_iteration_in_its_own_step(fake_pg, instrumented):
     """One batch peeked from a DataLoader, then a loop that never fetches: each optimizer step found the last
     still waiting for a fetch and closed it at its own end, so step N held iteration N+1 and the last step

@@ -2,8 +2,8 @@
 one ``__next__`` behind every DataLoader iterator (single- and multi-process, and the loaders Lightning,
 Accelerate and transformers wrap). One wrapper serves two readers:
 
-* the step tracker (``steps.py``): a fetch is an iteration's first act, so it ends the training step an
-  optimizer step left open (``FETCH``);
+* the step tracker (``steps.py``): a batch is an iteration's first act, so it ends the training step an
+  optimizer step left open (``FETCH``, with the iterator: which loader it came from);
 * the system sampler (``system/dataloader.py``): with system metrics on, the time each ``next()`` waited
   (``WAITS``, folded into ``torchdist.dataloader.wait_time`` off the training thread). A ``next()`` that
   ends the epoch (``StopIteration``) or raises is not a batch and is not timed; its exception passes
@@ -31,7 +31,7 @@ from ..patching import Patch
 # is over 50,000 batches a second at the default 5 s interval.
 WAITS: deque[int] = deque(maxlen=1 << 18)
 TIMED = [False]  # whether waits are timed (the system sampler runs)
-FETCH: list[Callable[[int], None] | None] = [None]  # the step tracker's on_fetch, while it wants fetches
+FETCH: list[Callable[[int, Any], None] | None] = [None]  # the step tracker's on_fetch, while it wants fetches
 
 _is_compiling = torch.compiler.is_compiling
 
@@ -46,16 +46,16 @@ def _wrap_next(original: Any) -> Any:
         if fetch is None and not TIMED[0] or _is_compiling() or getattr(_tls, "inside", False):
             return original(self)
         t0 = perf_counter_ns()
-        if fetch is not None:
-            try:
-                fetch(t0)
-            except Exception as exc:
-                health.error("steps", "could not end a training step at a batch fetch", exc)
         _tls.inside = True
         try:
             data = original(self)
         finally:
             _tls.inside = False
+        if fetch is not None:  # a batch (not the end of the epoch): from t0 on, the next iteration's
+            try:
+                fetch(t0, self)
+            except Exception as exc:
+                health.error("steps", "could not end a training step at a batch fetch", exc)
         if TIMED[0]:
             WAITS.append(perf_counter_ns() - t0)
         return data
