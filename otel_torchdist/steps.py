@@ -661,10 +661,10 @@ def _wrap_scaler_step(orig):
     def step(self, optimizer, *args, **kwargs):
         if TRACKER[0] is None or is_compiling():
             return orig(self, optimizer, *args, **kwargs)
-        before, t0 = optim.steps_of(optimizer), perf_counter_ns()
+        before, t0 = optim.steps_ended(), perf_counter_ns()
         result = orig(self, optimizer, *args, **kwargs)
         try:
-            if optim.steps_of(optimizer) == before:
+            if optim.steps_ended() == before:
                 optim.skipped(optimizer, t0)
         except Exception as exc:
             health.error("steps", "could not close the training step of a step GradScaler skipped", exc)

@@ -378,6 +378,35 @@ def test_a_step_gradscaler_skips_still_ends_its_training_step(fake_pg, instrumen
     assert trace_layout_problems(spans) == []
 
 
+@pytest.mark.filterwarnings("ignore::DeprecationWarning")  # torch.distributed.optim's own torch.jit.script
+def test_gradscaler_over_an_optimizer_wrapper_skips_nothing_it_did_not_skip(fake_pg, instrumented):
+    """PostLocalSGDOptimizer never calls Optimizer.__init__: torch's hooks see its inner optimizer's steps
+    only, so every step through GradScaler read as skipped, each training step was closed twice as a
+    warm-up, and a slow step was never warned of."""
+    import time
+
+    import torch
+    from torch.distributed.algorithms.model_averaging import averagers
+    from torch.distributed.optim import PostLocalSGDOptimizer
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="wrapper", trace_first_steps=100)
+    model = torch.nn.Linear(4, 4)
+    opt = PostLocalSGDOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), averagers.PeriodicModelAverager(period=4, warmup_steps=1000))
+    scaler = torch.amp.GradScaler("cpu")
+    for i in range(1, 13):
+        scaler.scale(model(torch.ones(2, 4)).sum()).backward()
+        time.sleep(0.4 if i == 10 else 0.01)
+        scaler.step(opt)
+        scaler.update()
+        opt.zero_grad()
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    assert sorted(s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP) == list(range(1, 13))
+    assert [s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_WARNING] == [10]
+
+
 def test_an_optimizers_first_step_is_warmup_not_slow(fake_pg, instrumented):
     """A second model's first step (lazy initialisation) is not a slow step; its later slow step is."""
     import time

@@ -73,6 +73,13 @@ def steps_of(optimizer: Any) -> int:
     return 0 if seen is None else seen.count
 
 
+def steps_ended() -> int:
+    """How many outermost optimizer steps ended on this thread (a wrapper that never called
+    Optimizer.__init__, PostLocalSGDOptimizer say, steps through its inner optimizer's hooks only)."""
+    running = getattr(_tls, "running", None)
+    return 0 if running is None else running.ended
+
+
 def skipped(optimizer: Any, t_start: int) -> None:
     """GradScaler skipped ``optimizer``'s step (inf or NaN gradients: an fp16 run does, at its start and
     whenever its scale grows too far): no hook ran, but the iteration is over, and so is its training step."""
@@ -104,7 +111,8 @@ class _Running:
     not in tuples: each tuple a step makes is one more object for the garbage collector to count."""
 
     __slots__ = (
-        "depth", "frame", "token", "optimizer", "inner", "user", "step", "trace", "span", "parent", "t_start", "closures"
+        "depth", "frame", "token", "optimizer", "inner", "user", "step", "trace", "span", "parent", "t_start", "closures",
+        "ended",
     )
 
     def __init__(self) -> None:
@@ -113,6 +121,7 @@ class _Running:
         self.trace = self.span = self.parent = None
         self.t_start = 0
         self.closures: list[tuple[int, int]] = []
+        self.ended = 0  # outermost steps ended on this thread (steps_ended)
 
 
 def _encloses(outer: Any, frame: Any) -> bool:
@@ -209,6 +218,7 @@ def _post(optimizer, args, kwargs) -> None:
             return  # else its pre hook ran before instrument()
         t_end = perf_counter_ns()
         st.depth = 0
+        st.ended += 1
         R.TLS.ctx = st.token
         seen = _seen.get(id(optimizer)) or _state(optimizer)
         count = seen.count = seen.count + 1
