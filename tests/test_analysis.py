@@ -83,6 +83,20 @@ def test_busbw_is_bytes_weighted_with_nccl_tests_bus_factor():
     assert [r.op for r in builders.ops_table(records).rows][0] == "all_reduce"  # ordered by total time
 
 
+@pytest.mark.parametrize("subgroup_first", [True, False])
+def test_busbw_by_size_takes_each_groups_bus_factor(subgroup_first):
+    """1 MiB all-reduces on a world of 3 and on a subgroup of 2 fell in one bucket, with the bus factor of
+    whichever group came first (busbw equal to algbw, or 2(3-1)/3 for the subgroup's calls)."""
+    records = list(resources(3))
+    world = [coll(r, dur=0.004, seq=1, n_ranks=3) for r in range(3)]
+    sub = [coll(r, dur=0.002, seq=1, n_ranks=2, group="pg1", group_name="1") for r in range(2)]
+    records += (sub + world) if subgroup_first else (world + sub)
+    rows = {s.group_size: s for s in builders.ops_table(records).by_size}
+    assert sorted(rows) == [2, 3] and all(s.size_floor == 1 << 20 for s in rows.values())
+    assert rows[3].busbw_gbps == pytest.approx((1 << 20) / 0.004 / 1e9 * 2 * 2 / 3)
+    assert rows[2].busbw_gbps == pytest.approx((1 << 20) / 0.002 / 1e9 * 2 * 1 / 2)
+
+
 def _collective_metrics(rank: int, op: str, calls: int, nbytes: int, bus: int, dur_sum: float,
                         buckets: list[int]) -> MetricSnapshot:
     labels = {n.M_RUN: "synthetic", n.M_RANK: str(rank), n.M_OP: op, n.M_GROUP: "default_pg"}

@@ -151,18 +151,22 @@ def timeline_figure(records: list, row: StepRow):
 def _busbw(report: Report, out: str) -> str:
     fig = _figure(8, 5)
     ax = fig.add_subplot(1, 1, 1)
-    by_op: dict[str, list] = {}
+    by_op: dict[tuple[str, int], list] = {}
     for s in report.ops.by_size:
         if s.busbw_gbps:
-            by_op.setdefault(s.op, []).append(s)
-    for i, (op, rows) in enumerate(sorted(by_op.items())):
+            by_op.setdefault((s.op, s.group_size or 0), []).append(s)
+    sizes: dict[str, int] = {}
+    for op, _ in by_op:
+        sizes[op] = sizes.get(op, 0) + 1
+    for i, ((op, ranks), rows) in enumerate(sorted(by_op.items())):
         rows.sort(key=lambda r: r.size_floor)
         color = _OP_COLORS[i % len(_OP_COLORS)]
+        label = _label(op) + (f" ({ranks} ranks)" if sizes[op] > 1 else "")
         for k, run in enumerate(adjacent_runs(rows)):
             # A line only joins neighbouring power-of-two buckets: across empty octaves it would draw a trend
             # that was never measured. Lone sizes are points.
             ax.plot([r.mean_message_size for r in run], [r.busbw_gbps for r in run], marker="o", color=color,
-                    linestyle="-" if len(run) > 1 else "none", label=_label(op) if k == 0 else None)
+                    linestyle="-" if len(run) > 1 else "none", label=label if k == 0 else None)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("message size S (bytes, nccl-tests' definition)")

@@ -85,7 +85,7 @@ def ops(table: OpsTable, noise_level: int = 0) -> list[str]:
         lines.append("  by message size (spans):")
         for s in table.by_size:
             lines.append(
-                f"    {s.op:<28} {human_bytes(s.size_floor):>10} .. {human_bytes(2 * s.size_floor):>10} {s.count:>7} calls "
+                f"    {s.op:<28} {s.group_size or '?':>3} ranks {human_bytes(s.size_floor):>10} .. {human_bytes(2 * s.size_floor):>10} {s.count:>7} calls "
                 f"{_gb(s.algbw_gbps)} {_gb(s.busbw_gbps)}"
             )
     return lines

@@ -85,7 +85,7 @@ class Analyzer:
         # ops
         self.op_spans: dict[tuple[int, str, str], OpAgg] = {}
         self.op_meta: dict[tuple[str, str], list[Any]] = {}  # (op, group) -> [kind, group size]
-        self.by_size: dict[tuple[str, int], list[Any]] = {}
+        self.by_size: dict[tuple[str, int, int], list[Any]] = {}
         # modules
         self.mod_counts: dict[int, dict[tuple[str | None, str, str], list[float]]] = {}
         self.sharding: dict[int, dict[tuple, list[Any]]] = {}
@@ -168,9 +168,11 @@ class Analyzer:
                 self.failures.append(c)
         elif c.message_size > 0:
             floor = 1 << (c.message_size.bit_length() - 1)
-            row = self.by_size.get((c.op, floor))
+            # by group size too: the bus factor is the group's, and one op on groups of 2 and of 8 is two series
+            key = (c.op, c.group_size or 0, floor)
+            row = self.by_size.get(key)
             if row is None:
-                row = self.by_size[(c.op, floor)] = [0, 0, 0.0, c.kind, c.group_size]
+                row = self.by_size[key] = [0, 0, 0.0, c.kind, c.group_size]
             row[0] += 1
             row[1] += c.message_size
             row[2] += c.duration_s

@@ -128,7 +128,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
     out.sort(key=lambda r: (-r.total_s, r.op, r.group))
     per_rank.sort(key=lambda r: (r.op, r.group, r.rank))
     by_size = []
-    for (op, floor), (count, nbytes, dur, kind, size) in sorted(an.by_size.items()):
+    for (op, _, floor), (count, nbytes, dur, kind, size) in sorted(an.by_size.items()):
         kind = kind or kind_of(op)
         alg, bus = bandwidth(kind, size, nbytes, dur)
         by_size.append(
