@@ -147,10 +147,15 @@ def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
         frame = sys._getframe(2)
         module = None
         while frame is not None:
-            if frame.f_code.co_name in _CALL_FRAMES:
+            code = frame.f_code
+            if code.co_name in _CALL_FRAMES:
                 module = frame.f_locals.get("self")
                 if not isinstance(module, _graph_module()):  # a compiler's graph: the model compiled is above
                     break
+            elif code.co_name == "wrapped_forward" and "lightning" in code.co_filename:
+                # Lightning runs training_step as the model's forward (its forward redirection): code of the
+                # step itself (self.log's syncs), no module's forward
+                return None
             frame = frame.f_back
         if frame is None:
             return None
@@ -159,19 +164,41 @@ def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
         except TypeError:
             return None
         if name is None:
-            name = _STACK_NAMES[module] = _stack_name(module, frame)
+            name = _STACK_NAMES[module] = "" if _dispatches_steps(module) else _stack_name(module, frame)
+        if not name:
+            return None  # Lightning's training_step/validation_step code (self.log's syncs): no module's forward
     base = ctx or EMPTY
     phase = base[PHASE] or ("backward" if in_backward else "forward")
     return (base[FRAMEWORK], name, phase, base[PARENT_TRACE], base[PARENT_SPAN], base[EXTRAS])
+
+
+def _dispatches_steps(module: Any) -> bool:
+    """Lightning's wrapper inside DDP, whose forward calls the LightningModule's training_step."""
+    return any(cls.__name__ == "_LightningModuleWrapperBase" for cls in type(module).__mro__)
+
+
+def _unwrapped(module: Any) -> Any:
+    """The model a wrapper holds, named as the user wrote it: torch.compile's OptimizedModule, DDP,
+    Lightning's step dispatcher."""
+    while True:
+        inner = getattr(module, "_orig_mod", None)
+        if inner is None:
+            if type(module).__name__ == "DistributedDataParallel":
+                inner = getattr(module, "module", None)
+            elif _dispatches_steps(module):
+                inner = getattr(module, "_forward_module", None)
+        if inner is None or inner is module:
+            return module
+        module = inner
 
 
 def _stack_name(module: Any, frame: Any) -> str:
     outer = _outermost_module_called(frame)
     if outer is None:  # never `or`: a module's truth is its len() where it has one (OptimizedModule)
         outer = module
-    root = getattr(outer, "_orig_mod", outer)  # torch.compile's OptimizedModule: the model it compiled
+    root = _unwrapped(outer)
     base = class_name(root)
-    if module is outer or module is root:
+    if module is outer or module is root or _unwrapped(module) is root:
         return base
     path = next((p for p, m in root.named_modules() if m is module), None)
     return f"{base}.{path}" if path else class_name(module)
