@@ -245,6 +245,7 @@ class StepTracker:
         self._fetched = False  # a batch since the last optimizer step
         self._fetched_before = False  # a batch between the two optimizer steps before
         self.gap = False  # no step open since another loader's batch closed one (an evaluation)
+        self._setup_index: int | None = None  # the set-up step's number, when explicit steps ended it (_ids_of)
         self.loader: int | None = None  # the training loader (on_fetch's source of the last optimizer step's batch)
         self._source: int | None = None  # the loader of the last batch, and when its run of batches began
         self._source_t = 0
@@ -330,6 +331,8 @@ class StepTracker:
             else:
                 if self.open:
                     # Switching to explicit steps: the open optimizer-closed step never got its optimizer step.
+                    if source == "explicit" and self.source == "optimizer" and self.serial == 1:
+                        self._setup_index = self.index  # the set-up step: its number's first traced use is the loop's
                     self._end(perf_counter_ns(), source == "explicit" and self.source == "optimizer", None, False)
                 index = self.index + 1 if index is None else int(index)
                 index = self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
@@ -371,7 +374,9 @@ class StepTracker:
         evaluation steps between training steps, explicit steps after the set-up one)."""
         key = self.trace_key if not occurrence else f"{self.trace_key}#{occurrence}"
         trace, root, rank_span = step_ids(key, index, self.rank)
-        return (trace, rank_span, self.sampled(index, trace, occurrence), root)
+        # A 0-based loop's step 1 repeats the number of the set-up step before it: sampled as a first step
+        sampled_as = 0 if occurrence == 1 and index == self._setup_index else occurrence
+        return (trace, rank_span, self.sampled(index, trace, sampled_as), root)
 
     def end(
         self,

@@ -994,6 +994,26 @@ def test_a_step_per_optimizer_step_where_batches_do_not_come_one_per_iteration(f
     assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 12
 
 
+def test_a_zero_based_loop_traces_its_first_steps(fake_pg, instrumented):
+    """Explicit steps numbered from 0: the set-up step before the loop held number 1, so the loop's step 1
+    was a repeat, and repeats are traced every hundredth step only: steps 0, 2, 3... were traced, not 1."""
+    import torch
+    import torch.distributed as dist
+
+    import otel_torchdist
+
+    folder = instrumented(run_id="zero", trace_first_steps=5, trace_every_steps=0)
+    dist.all_reduce(torch.ones(2))  # set-up
+    for i in range(8):
+        with otel_torchdist.step(i):
+            dist.all_reduce(torch.ones(2))
+    otel_torchdist.uninstrument()
+    spans = read_spans(f"{folder}/traces.rank0.jsonl")
+    traced = sorted(s["attributes"][n.STEP] for s in spans if s["name"] == n.SPAN_RANK_STEP and s["attributes"].get(n.STEP_SOURCE) == "explicit")
+    assert traced == [0, 1, 2, 3, 4, 5]
+    assert trace_layout_problems(spans) == []
+
+
 def test_a_loader_read_once_leaves_each_iteration_in_its_own_step(fake_pg, instrumented):
     """One batch peeked from a DataLoader, then a loop that never fetches: each optimizer step found the last
     still waiting for a fetch and closed it at its own end, so step N held iteration N+1 and the last step
