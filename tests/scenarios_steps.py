@@ -246,3 +246,21 @@ def reinit(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
         dist.destroy_process_group()
     otel_torchdist.uninstrument()
     return {"threads": threads}
+
+
+def user_span_steps(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Explicit steps inside a span of the program's own (an SDK TracerProvider): each rank's step is a child
+    of its own iteration span, in that span's trace."""
+    from opentelemetry import trace
+    from opentelemetry.sdk.trace import TracerProvider
+
+    trace.set_tracer_provider(TracerProvider())
+    tracer = trace.get_tracer("user")
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    _instrument(out, "user-span-steps")
+    for s in range(1, 5):
+        with tracer.start_as_current_span("my_iteration"), otel_torchdist.step(s):
+            dist.all_reduce(torch.ones(64))
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {}

@@ -503,3 +503,20 @@ def test_export_and_plot_errors_name_the_flag(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plot", runs.demo, "-o", str(tmp_path / "c"), "--step", "999"])
     assert exc.value.code == 2 and "--step 999 was not traced in this run (traced steps: 1-" in capsys.readouterr().err
+
+
+def test_plot_draws_every_ranks_part_of_a_step_begun_inside_the_programs_spans(tmp_path):
+    """Each rank's step under its own iteration span is in that span's trace: the timeline took the spans
+    of the first rank's trace only, and drew one rank of two."""
+    from otel_torchdist.analysis import analyze_path, plot
+
+    from .harness import run_ranks
+
+    run_ranks("scenarios_steps:user_span_steps", 2, str(tmp_path), {})
+    folder = os.path.join(str(tmp_path), "runs", "user-span-steps")
+    report = analyze_path(folder, noise_level=1)
+    row = plot.pick_step(report, 3)
+    records = plot._step_records(folder, row)
+    assert {r.rank for r in records} == {0, 1}
+    assert {(type(r).__name__, r.rank) for r in records} >= {("RankStep", 0), ("RankStep", 1), ("Collective", 0), ("Collective", 1)}
+    assert all(r.step == 3 for r in records if type(r).__name__ == "RankStep")

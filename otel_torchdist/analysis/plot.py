@@ -74,7 +74,7 @@ def plot_run(path: str, out_dir: str, report: Report, *, step: int | None = None
         result.skipped.append("timeline.png: no traced steps (train.rank_step spans) in this run")
     else:
         result.step = chosen.step
-        records = _step_records(path, chosen.trace_id)
+        records = _step_records(path, chosen)
         result.written.append(_timeline(records, chosen, os.path.join(out_dir, "timeline.png")))
     if any(r.busbw_gbps for r in report.ops.by_size):
         result.written.append(_busbw(report, os.path.join(out_dir, "busbw_by_size.png")))
@@ -93,14 +93,24 @@ def plot_run(path: str, out_dir: str, report: Report, *, step: int | None = None
     return result
 
 
-def _step_records(path: str, trace_id: str) -> list:
+def _step_records(path: str, row: StepRow) -> list:
+    """Every rank's spans of the step: those of its part (``train.rank_step``), by its trace and interval. A
+    rank's step is in the step's shared trace, or, begun inside a span of the program's, in that span's
+    trace (each rank its own). Two reads of the files, so a long run is never held in memory."""
     problems: list[Problem] = []
     with gc_paused():
-        return [
-            r
+        parts = {
+            r.rank: (r.trace_id, r.start_ns, r.end_ns)
             for r in iter_records(discover(path), problems, metrics=False)
-            if isinstance(r, (Collective, RankStep, Phase, Span)) and getattr(r, "trace_id", None) == trace_id
-        ]
+            if isinstance(r, RankStep) and r.step == row.step and r.occurrence == row.occurrence
+        }
+        out = []
+        for r in iter_records(discover(path), problems, metrics=False):
+            if isinstance(r, (Collective, RankStep, Phase, Span)):
+                part = parts.get(r.rank)
+                if part is not None and r.trace_id == part[0] and part[1] <= r.start_ns <= part[2]:
+                    out.append(r)
+        return out
 
 
 def _timeline(records: list, row: StepRow, out: str) -> str:
