@@ -316,7 +316,7 @@ def test_plot_timeline_draws_what_its_caption_says_and_busbw_joins_neighbours_on
 
     report = analyze_path(runs.demo, noise_level=1)
     row = plot.pick_step(report, None)
-    fig = plot.timeline_figure(plot._step_records(runs.demo, row.trace_id), row)
+    fig = plot.timeline_figure(plot._step_records(runs.demo, row), row)
     ax = fig.axes[0]
     assert "phases above, collectives below" in ax.get_xlabel() and ax.yaxis_inverted()
     centre = lambda label: {round(b.get_y() + b.get_height() / 2 - round(b.get_y() + b.get_height() / 2), 2)  # noqa: E731
