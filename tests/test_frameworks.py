@@ -80,13 +80,12 @@ def test_no_training_work_is_counted_as_the_optimizers(loop):
         assert grads, loop["name"]
 
 
+@pytest.mark.parametrize("loop", ["lightning"], indirect=True)
 def test_lightnings_logged_syncs_are_no_models_forward(loop):
     """``self.log(sync_dist=True)`` in training_step: Lightning calls training_step from its wrapper's
     forward inside DDP's, and the module found on the stack named the collectives ``phase=forward`` of
     ``DistributedDataParallel.module``. They are the step's own (phase other, no module); a module found
     under DDP is named as the user wrote the model."""
-    if loop["name"] != "lightning":
-        pytest.skip("Lightning's training_step dispatch")
     for rank in range(2):
         colls = [s["attributes"] for s in loop["spans"][rank] if n.COLL_OP in s["attributes"]]
         logged = [a for a in colls if a[n.COLL_OP] in ("barrier", "all_reduce") and a.get(n.COLL_PHASE) != "backward"]
