@@ -940,7 +940,8 @@ def test_an_evaluation_between_optimizer_steps_is_in_no_training_step(fake_pg, i
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(3):
-        loader = torch.utils.data.DataLoader(data, batch_size=2) if epoch != 1 else loader  # made anew, or not
+        if epoch != 1:  # made anew for epochs 0 and 2, kept for 1
+            loader = torch.utils.data.DataLoader(data, batch_size=2)
         for (x,) in loader:
             time.sleep(0.02)
             model(x).sum().backward()
