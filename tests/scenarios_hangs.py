@@ -106,23 +106,10 @@ def other_op(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
 
 
-def recv_waits(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
-    """Rank 1 receives from rank 0, which sends 3 s late: a hung point-to-point call, its peer's place."""
-    lines = _start(rank, ws, out, "recv-waits", 30.0)
-    if rank == 0:
-        time.sleep(3.0)
-        dist.send(torch.ones(4), dst=1)
-    else:
-        dist.recv(torch.ones(4), src=0)
-    dist.barrier()
-    otel_torchdist.uninstrument()
-    dist.destroy_process_group()
-    return {"hang_lines": [line for line in lines.lines if "in flight for" in line]}
-
-
-def recv_blocks(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
-    """3 ranks: rank 0 sends to rank 1 4 s late, rank 1 waits in its recv, rank 2 in the next all-reduce."""
-    lines = _start(rank, ws, out, "recv-blocks", 30.0)
+def recv_late(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 sends to rank 1 4 s late: rank 1 waits in its recv (a hung point-to-point call), the others in
+    the all-reduce after it."""
+    lines = _start(rank, ws, out, "recv-late", 30.0)
     if rank == 0:
         time.sleep(4.0)
         dist.send(torch.ones(4), dst=1)

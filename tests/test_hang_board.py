@@ -154,7 +154,7 @@ def test_three_ranks_point_to_point_calls_of_two_of_them_do_not_confuse_who_is_m
 def test_a_rank_waiting_in_a_receive_has_not_started_the_next_collective(tmp_path):
     """Its receive was counted when it returned, so the rank stuck in it published one collective too many
     and was never named."""
-    results = run_ranks("scenarios_hangs:recv_blocks", 3, str(tmp_path), {}, timeout=120)
+    results = run_ranks("scenarios_hangs:recv_late", 3, str(tmp_path), {}, timeout=120)
     (line,) = results[2]["hang_lines"]
     assert "not started by rank 0 (last started #2 on default_pg; no collective in flight;" in line, line
     assert "; rank 1 (last started #3 on default_pg (collective #2, its point-to-point calls aside); in recv #3 on default_pg for " in line
@@ -194,7 +194,7 @@ def test_ranks_in_different_blocking_collectives_name_each_other(tmp_path):
 def test_a_hung_receive_says_where_its_peer_is_and_no_verdict(tmp_path):
     """Only the peer takes part in a point-to-point call: the board says where it is, not that it has not
     started it (it cannot know what the peer posted)."""
-    results = run_ranks("scenarios_hangs:recv_waits", 2, str(tmp_path), {}, timeout=120)
+    results = run_ranks("scenarios_hangs:recv_late", 2, str(tmp_path), {}, timeout=120)
     (line,) = results[1]["hang_lines"]
     assert line.startswith("collective recv on group default_pg (sequence number 3) has been in flight for "), line
     assert "; its peer rank 0: no collective in flight; reported " in line and "not started" not in line, line

@@ -352,21 +352,27 @@ def _monitored_barrier(orig: Callable, call: Callable) -> Callable:
     """gloo's monitored_barrier is point-to-point calls in C++ that move the group's number (rank 0 by
     2(n-1), the others by 2): all but one of those moves are told to the group as point-to-point, so the
     barrier counts as one collective on every rank (GroupInfo.collective_number)."""
+    return _numbering(orig, call, lambda args, kwargs: kwargs.get("group", args[0] if args else None), barrier=True)
+
+
+def _numbering(orig: Callable, call: Callable, group_of: Callable[[tuple, dict], Any], barrier: bool = False) -> Callable:
+    """``call`` (a wrapper of ``orig``) telling the group ``group_of(args, kwargs)`` how far it moved the
+    group's number (_p2p_moved)."""
 
     @functools.wraps(orig)
     def numbered(*args, **kwargs):
         if not _LIVE or _is_compiling():
             return call(*args, **kwargs)
         try:
-            gi, before = _seq_before(kwargs.get("group", args[0] if args else None))
+            gi, before = _seq_before(group_of(args, kwargs))
         except Exception as exc:
-            health.error("capture", "could not number a monitored_barrier call", exc)
+            health.error("capture", f"could not number a {orig.__name__} call", exc)
             gi = before = None
         try:
             return call(*args, **kwargs)
         finally:
             if before is not None:
-                _p2p_moved(gi, before, barrier=True)
+                _p2p_moved(gi, before, barrier)
 
     return numbered
 
@@ -520,31 +526,11 @@ def _pg_p2p(op: str, has_peer: bool) -> Callable[[Any], Callable]:
 
     recording = _pg_method(op, bw.SEND_RECV, fill)
 
-    def make(orig: Callable) -> Callable:
-        record = recording(orig)
-
-        # Every send and receive reaches these methods from Python (dist.send/recv/isend/irecv, batches,
-        # object lists, the native path's calls), nested or not, recorded or not: each tells its group
-        # whether it moved the group's number (gloo: by one; NCCL counts them apart). Read around the issue
-        # only, not a wait, so a collective of another thread meanwhile is seldom taken for one.
-        @functools.wraps(orig)
-        def method(self, *args, **kwargs):
-            if not _LIVE or _is_compiling():
-                return orig(self, *args, **kwargs)
-            try:
-                gi, before = _seq_before(self)
-            except Exception as exc:
-                health.error("capture", f"could not number a ProcessGroup.{orig.__name__} call", exc)
-                gi = before = None
-            try:
-                return record(self, *args, **kwargs)
-            finally:
-                if before is not None:
-                    _p2p_moved(gi, before)
-
-        return method
-
-    return make
+    # Every send and receive reaches these methods from Python (dist.send/recv/isend/irecv, batches, object
+    # lists, the native path's calls), nested or not, recorded or not: each tells its group whether it moved
+    # the group's number (gloo: by one; NCCL counts them apart). Read around the issue only, not a wait, so
+    # a collective of another thread meanwhile is seldom taken for one.
+    return lambda orig: _numbering(orig, recording(orig), lambda args, kwargs: args[0])
 
 
 def _pg_rooted(op: str, kind: str) -> Callable[[Any], Callable]:

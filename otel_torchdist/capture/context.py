@@ -164,29 +164,18 @@ def stack_context(ctx: tuple | None, in_backward: bool) -> tuple | None:
         except TypeError:
             return None
         if name is None:
-            name = _STACK_NAMES[module] = "" if _dispatches_steps(module) else _stack_name(module, frame)
-        if not name:
-            return None  # Lightning's training_step/validation_step code (self.log's syncs): no module's forward
+            name = _STACK_NAMES[module] = _stack_name(module, frame)
     base = ctx or EMPTY
     phase = base[PHASE] or ("backward" if in_backward else "forward")
     return (base[FRAMEWORK], name, phase, base[PARENT_TRACE], base[PARENT_SPAN], base[EXTRAS])
 
 
-def _dispatches_steps(module: Any) -> bool:
-    """Lightning's wrapper inside DDP, whose forward calls the LightningModule's training_step."""
-    return any(cls.__name__ == "_LightningModuleWrapperBase" for cls in type(module).__mro__)
-
-
 def _unwrapped(module: Any) -> Any:
-    """The model a wrapper holds, named as the user wrote it: torch.compile's OptimizedModule, DDP,
-    Lightning's step dispatcher."""
+    """The model a wrapper holds, named as the user wrote it: torch.compile's OptimizedModule, DDP."""
     while True:
         inner = getattr(module, "_orig_mod", None)
-        if inner is None:
-            if type(module).__name__ == "DistributedDataParallel":
-                inner = getattr(module, "module", None)
-            elif _dispatches_steps(module):
-                inner = getattr(module, "_forward_module", None)
+        if inner is None and type(module).__name__ == "DistributedDataParallel":
+            inner = getattr(module, "module", None)
         if inner is None or inner is module:
             return module
         module = inner

@@ -79,7 +79,7 @@ def _place(gi: groups.GroupInfo, oldest: tuple[float, list] | None) -> list:
         age, rec = oldest
         seq = _seq(rec, gi)
         where = [rec[R.OP], seq, round(age, 3), _number(rec, gi, seq)]
-    return [started, gi.last_completed, where, started - gi.p2p_moved]
+    return [started, gi.last_completed, where, gi.collectives_started()]
 
 
 class Watchdog:
