@@ -48,11 +48,15 @@ def _noise(raw: str) -> int:
     return value
 
 
-def _step(raw: str) -> int:
+def _step(raw: str) -> tuple[int, int | None]:
+    """``N``, or ``N#K`` for the K-th repeat of a number (analyze's label: epochs restart their numbers)."""
+    number, sep, repeat = raw.strip().partition("#")
     try:
-        return int(raw)
+        return int(number), (int(repeat) if sep else None)
     except ValueError:
-        raise argparse.ArgumentTypeError(f"--step takes a step number, got {raw!r}") from None
+        raise argparse.ArgumentTypeError(
+            f"--step takes a step number, or N#K for a repeated number's K-th repeat, got {raw!r}"
+        ) from None
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -149,7 +153,10 @@ def build_parser() -> argparse.ArgumentParser:
     plot.add_argument("run", metavar="RUN", help=RUN_HELP)
     plot.add_argument("-o", "--output", required=True, metavar="DIR", help="Folder to write the PNG files to (created if needed).")
     plot.add_argument(
-        "--step", type=_step, default=None, help="The traced step to draw the timeline of (default: the median one)."
+        "--step",
+        type=_step,
+        default=None,
+        help="The traced step to draw the timeline of: N, or N#K as analyze labels a repeated number (default: the median one).",
     )
 
     export = sub.add_parser(
@@ -243,13 +250,14 @@ def cmd_plot(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         parser.error(f"-o/--output must be a folder, and {args.output} is a file")
     report = _analyze_or_fail(args.run, noise_level=1)
     try:
-        result = plot_run(args.run, args.output, report, step=args.step)
+        step, repeat = args.step or (None, None)
+        result = plot_run(args.run, args.output, report, step=step, occurrence=repeat)
     except StepNotTraced as exc:
         parser.error(str(exc))
     except OSError as exc:
         raise _Failed(f"cannot write the charts into {args.output}: {exc.strerror or exc}") from None
     for path in result.written:
-        print(f"wrote {path}" + (f" (step {result.step})" if path.endswith("timeline.png") else ""))
+        print(f"wrote {path}" + (f" (step {result.step_label})" if path.endswith("timeline.png") else ""))
     for why in result.skipped:
         print(f"skipped {why}")
     return 0 if result.written else 1

@@ -405,6 +405,42 @@ def test_compare_scaling_arithmetic():
     assert any("strong scaling" in line and "62.5%" in line for line in c.arithmetic)
 
 
+def test_compare_says_when_one_runs_op_numbers_come_from_metrics_and_the_others_from_spans():
+    buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
+    buckets[n.DURATION_BUCKETS.index(1e-3)] = 100
+    spans_only = resources(2) + [coll(r, size=4096, dur=0.001, seq=s, n_ranks=2) for r in range(2) for s in (1, 2)]
+    with_metrics = spans_only + [
+        _collective_metrics(r, "all_reduce", 100, 100 * 4096, 100 * 4096, 0.075, buckets) for r in range(2)
+    ]
+    a, b = builders.analyze_records(with_metrics, path="a"), builders.analyze_records(spans_only, path="b")
+    c = compare(a, b)
+    (op,) = c.ops
+    assert (op.source_a, op.source_b) == ("metrics", "spans")
+    assert any("all_reduce (metrics in A, spans in B)" in note for note in c.notes)
+    assert "metrics in A, spans in B" in render_text.compare(c)
+    assert not [note for note in compare(b, b).notes if "sources" in note]
+
+
+def test_plot_picks_a_repeated_step_numbers_later_occurrence_by_analyzes_label():
+    from otel_torchdist.analysis import plot
+
+    recs = list(resources(2))
+    for occurrence, dur in ((0, 0.010), (1, 0.030)):  # two epochs numbering their steps 1, 2 again
+        for step in (1, 2):
+            for rank in range(2):
+                r = rank_step(rank, step, dur=dur, compute=dur / 2, wait=dur / 2, start=occurrence * 10**9,
+                              trace=f"t{step}-{occurrence}")
+                r.occurrence = occurrence
+                recs.append(r)
+    rep = builders.analyze_records(recs, path="epochs")
+    assert plot.pick_step(rep, 2).occurrence == 0  # the number alone: its first occurrence
+    second = plot.pick_step(rep, 2, 1)
+    assert (second.step, second.occurrence, second.duration_s) == (2, 1, pytest.approx(0.030))
+    assert plot.step_label(second) == "2#1"
+    with pytest.raises(plot.StepNotTraced, match=r"--step 2#3 was not traced .*repeated numbers: 1#1, 2#1"):
+        plot.pick_step(rep, 2, 3)
+
+
 # -------------------------------------------------------------------------------------- loader
 def test_loader_skips_cut_and_foreign_lines_and_reads_the_rest(tmp_path):
     good = {

@@ -503,6 +503,12 @@ def test_export_and_plot_errors_name_the_flag(runs, tmp_path, capsys):
     with pytest.raises(SystemExit) as exc:
         main(["plot", runs.demo, "-o", str(tmp_path / "c"), "--step", "999"])
     assert exc.value.code == 2 and "--step 999 was not traced in this run (traced steps: 1-" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plot", runs.demo, "-o", str(tmp_path / "c"), "--step", "2#x"])
+    assert exc.value.code == 2 and "--step takes a step number, or N#K for a repeated number's K-th repeat, got '2#x'" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as exc:
+        main(["plot", runs.demo, "-o", str(tmp_path / "c"), "--step", "2#1"])
+    assert exc.value.code == 2 and "--step 2#1 was not traced in this run" in capsys.readouterr().err
 
 
 def test_plot_draws_every_ranks_part_of_a_step_begun_inside_the_programs_spans(tmp_path):

@@ -99,8 +99,17 @@ def compare(a: Report, b: Report) -> CompareReport:
                 change=(bw_b / bw_a - 1.0) if (bw_a and bw_b is not None) else None,
                 mean_s_a=ra.mean_s if ra else None,
                 mean_s_b=rb.mean_s if rb else None,
+                source_a=ra.source if ra else None,
+                source_b=rb.source if rb else None,
             )
         )
+    mixed = sorted({f"{d.op} ({d.source_a} in A, {d.source_b} in B)" for d in deltas
+                    if d.source_a and d.source_b and d.source_a != d.source_b})
+    if mixed:
+        # Spans cover the traced calls only (and their slower first step), metrics every call: the two
+        # sides' means and bandwidths are of different calls.
+        notes.append("op rows from different sources, so of different calls (metrics: every call; spans: the "
+                     "traced calls only): " + ", ".join(mixed))
     if a.run.world_size and b.run.world_size and a.run.world_size != b.run.world_size:
         notes.append("bus bandwidth already accounts for the group size, so it compares across world sizes; algbw does not")
     return CompareReport(

@@ -30,6 +30,8 @@ class PlotResult:
     skipped: list[str] = field(default_factory=list)
     """One sentence per chart not drawn, saying why."""
     step: int | None = None
+    step_label: str | None = None
+    """As analyze labels the step: ``12``, or ``12#1`` for the number's first repeat."""
 
 
 class StepNotTraced(ValueError):
@@ -50,14 +52,23 @@ def _figure(width: float, height: float):
     return fig
 
 
-def pick_step(report: Report, step: int | None) -> StepRow | None:
+def step_label(row: StepRow) -> str:
+    return f"{row.step}" + (f"#{row.occurrence}" if row.occurrence else "")
+
+
+def pick_step(report: Report, step: int | None, occurrence: int | None = None) -> StepRow | None:
+    """``occurrence`` None: the number's first traced occurrence."""
     rows = report.steps.rows
     if step is not None:
         for r in rows:
-            if r.step == step:
+            if r.step == step and (occurrence is None or r.occurrence == occurrence):
                 return r
         traced = fmt_ranks(sorted({r.step for r in rows})) or "none"
-        raise StepNotTraced(f"--step {step} was not traced in this run (traced steps: {traced})")
+        repeats = [step_label(r) for r in rows if r.occurrence]
+        if repeats:
+            traced += "; repeated numbers: " + ", ".join(repeats[:10]) + (" ..." if len(repeats) > 10 else "")
+        asked = step if occurrence is None else f"{step}#{occurrence}"
+        raise StepNotTraced(f"--step {asked} was not traced in this run (traced steps: {traced})")
     if not rows:
         return None
     usable = [r for r in rows if not r.setup] or rows
@@ -65,15 +76,16 @@ def pick_step(report: Report, step: int | None) -> StepRow | None:
     return ordered[len(ordered) // 2]
 
 
-def plot_run(path: str, out_dir: str, report: Report, *, step: int | None = None) -> PlotResult:
+def plot_run(path: str, out_dir: str, report: Report, *, step: int | None = None,
+             occurrence: int | None = None) -> PlotResult:
     """Draw every chart of the run at ``path`` (already analyzed into ``report``, noise level 1) into ``out_dir``."""
     os.makedirs(out_dir, exist_ok=True)
     result = PlotResult()
-    chosen = pick_step(report, step)
+    chosen = pick_step(report, step, occurrence)
     if chosen is None:
         result.skipped.append("timeline.png: no traced steps (train.rank_step spans) in this run")
     else:
-        result.step = chosen.step
+        result.step, result.step_label = chosen.step, step_label(chosen)
         records = _step_records(path, chosen)
         result.written.append(_timeline(records, chosen, os.path.join(out_dir, "timeline.png")))
     if any(r.busbw_gbps for r in report.ops.by_size):
@@ -152,7 +164,7 @@ def timeline_figure(records: list, row: StepRow):
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the step's first start (phases above, collectives below)")
-    ax.set_title(f"Step {row.step}: {row.duration_s * 1e3:.1f} ms, {row.ranks} ranks")
+    ax.set_title(f"Step {step_label(row)}: {row.duration_s * 1e3:.1f} ms, {row.ranks} ranks")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
@@ -241,7 +253,7 @@ def _heatmap(report: Report, out: str) -> str:
         ax.set_title(title, fontsize=10)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=8)
-        step_labels = [f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") for r in rows]
+        step_labels = [step_label(r) for r in rows]
         every = max(1, len(rows) // 25)
         ax.set_xticks(range(0, len(rows), every))
         ax.set_xticklabels(step_labels[::every], fontsize=8)

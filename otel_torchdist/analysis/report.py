@@ -376,6 +376,9 @@ class OpDelta:
     """busbw_b / busbw_a - 1."""
     mean_s_a: float | None
     mean_s_b: float | None
+    source_a: str | None = None
+    """The row's ``source`` in A (``metrics``, ``spans`` or ``metrics+spans``)."""
+    source_b: str | None = None
 
 
 @dataclass(kw_only=True)
