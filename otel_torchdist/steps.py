@@ -154,6 +154,21 @@ class Occurrences:
 _INF = float("inf")
 
 
+def loader_key(iterator: Any) -> tuple:
+    """What a batch's DataLoader is known by: its dataset and how it draws batches from it. A training loader
+    made anew every epoch keeps its key; an evaluation loader differs by its dataset, its batch size or its
+    order (a sequential sampler where training shuffles), even over the training set. Ids of objects the
+    loader keeps alive, and types: nothing held."""
+    batches = getattr(iterator, "_index_sampler", None)
+    if batches is None:
+        return (id(iterator),)
+    sampler = getattr(batches, "sampler", batches)
+    return (
+        id(getattr(iterator, "_dataset", None)), type(batches), getattr(batches, "batch_size", None),
+        getattr(batches, "drop_last", None), type(sampler), getattr(sampler, "shuffle", None),
+    )  # fmt: skip
+
+
 def _picked(index: int, occurrence: int, first: int, every: int) -> bool:
     """The library's own choice of traced steps: the first ``first`` steps once (numbering that restarts
     every epoch does not trace every epoch's start), and every ``every``-th."""
@@ -246,8 +261,8 @@ class StepTracker:
         self._fetched_before = False  # a batch between the two optimizer steps before
         self.gap = False  # no step open since another loader's batch closed one (an evaluation)
         self._setup_index: int | None = None  # the set-up step's number, when explicit steps ended it (_ids_of)
-        self.loader: int | None = None  # the training loader (on_fetch's source of the last optimizer step's batch)
-        self._source: int | None = None  # the loader of the last batch, and when its run of batches began
+        self.loader: tuple | None = None  # the training loader (on_fetch's source of the last optimizer step's batch)
+        self._source: tuple | None = None  # the loader (loader_key) of the last batch, and when its run of batches began
         self._source_t = 0
         self._lock = threading.RLock()
         self._recent = _Recent(101)
@@ -469,8 +484,7 @@ class StepTracker:
         optimizer step ended is over, its step closes at ``t``, and the next begins there when the batch
         comes from the training loader. A batch of another loader (an evaluation between optimizer steps)
         begins none: evaluation is no training step, until the training loader's next batch."""
-        # A loader is known by its batch sampler, made once per DataLoader (its iterators change per epoch).
-        source = id(getattr(iterator, "_index_sampler", iterator))
+        source = loader_key(iterator)
         if source != self._source:
             self._source, self._source_t = source, t
         self._fetched = True

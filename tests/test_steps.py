@@ -926,7 +926,8 @@ def test_an_evaluation_between_optimizer_steps_is_in_no_training_step(fake_pg, i
     epoch's validation): its first batch began the next training step, which held the whole evaluation (a
     slow step warned of at every evaluation), and the last one made a step of its own after the last
     optimizer step. The training loader's next batch begins the next step; a loader made anew for an epoch
-    is the training loader once an optimizer step has used its batches."""
+    is the training loader from its first batch (its first iteration's collectives were in no step), and an
+    evaluation loader over the training set, sequential where training shuffles, is not."""
     import time
 
     import torch
@@ -936,20 +937,20 @@ def test_an_evaluation_between_optimizer_steps_is_in_no_training_step(fake_pg, i
 
     folder = instrumented(run_id="eval", trace_first_steps=100)
     data = torch.utils.data.TensorDataset(torch.ones(8, 4))
-    evaluation = torch.utils.data.DataLoader(data, batch_size=4)
+    evaluation = torch.utils.data.DataLoader(data, batch_size=2)
     model = torch.nn.Linear(4, 1)
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     for epoch in range(3):
         if epoch != 1:  # made anew for epochs 0 and 2, kept for 1
-            loader = torch.utils.data.DataLoader(data, batch_size=2)
+            loader = torch.utils.data.DataLoader(data, batch_size=2, shuffle=True)
         for (x,) in loader:
+            dist.all_reduce(torch.ones(1))  # before the optimizer's first step with this loader
             time.sleep(0.02)
             model(x).sum().backward()
-            dist.all_reduce(torch.ones(1))
             opt.step()
             opt.zero_grad()
         for _ in evaluation:  # 0.6 s, a collective per batch
-            time.sleep(0.3)
+            time.sleep(0.15)
             dist.all_reduce(torch.ones(2))
     otel_torchdist.uninstrument()
     spans = read_spans(f"{folder}/traces.rank0.jsonl")
@@ -959,7 +960,9 @@ def test_an_evaluation_between_optimizer_steps_is_in_no_training_step(fake_pg, i
         if step["attributes"][n.STEP] > 1:
             assert (int(step["endTimeUnixNano"]) - int(step["startTimeUnixNano"])) / 1e9 < 0.25, step["attributes"]
     evaluated = [s for s in spans if s["name"] == "all_reduce" and s["attributes"][n.COLL_MESSAGE_SIZE] == 8]
-    assert len(evaluated) == 6 and not any(s.get("parentSpanId") in steps for s in evaluated)
+    assert len(evaluated) == 12 and not any(s.get("parentSpanId") in steps for s in evaluated)
+    trained = [s for s in spans if s["name"] == "all_reduce" and s["attributes"][n.COLL_MESSAGE_SIZE] == 4]
+    assert sorted(steps[s["parentSpanId"]]["attributes"][n.STEP] for s in trained) == list(range(1, 13))
     assert [s for s in spans if s["name"] == n.SPAN_WARNING] == []
     assert _value(last_metrics(f"{folder}/metrics.rank0.jsonl"), n.STEPS_METRIC) == 12
 
