@@ -188,7 +188,9 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
     ``args["order"]``: "after" (parallelized once instrumented), "before" (parallelized, then instrumented:
     the usual order) or "local_import" (parallelize_module imported inside a function before instrument(),
     so the library's wrapper never sees the call, only tensor parallel's own distribute_module calls);
-    ``args["input_grad"]``: the input requires grad, so ColwiseParallel's backward all-reduces it."""
+    ``args["input_grad"]``: the input requires grad, so ColwiseParallel's backward all-reduces it;
+    ``args["checkpoint"]``: "reentrant" or "non_reentrant" activation checkpointing around the model, whose
+    recomputation in backward issues the forward's all-reduce again (early stop off: all of it)."""
     from torch.distributed.device_mesh import init_device_mesh
 
     order = args.get("order", "after")
@@ -208,7 +210,19 @@ def tensor_parallel(rank: int, ws: int, port: int, out: str, args: dict) -> dict
         _instrument(out, f"{run}-ws{ws}")
         model = parallelize_module(TPMLP(), mesh, plan)
     x = torch.randn(4, 16, generator=torch.Generator().manual_seed(7)).requires_grad_(args.get("input_grad", False))
-    comm_counts, module_counts = _comm_debug_counts(lambda: model(x).sum().backward(), args.get("steps", 2))
+    checkpoint = args.get("checkpoint")
+    if checkpoint:
+        import torch.utils.checkpoint as ckpt
+
+        def run_once():
+            with ckpt.set_checkpoint_early_stop(False):
+                ckpt.checkpoint(model, x, use_reentrant=checkpoint == "reentrant").sum().backward()
+    else:
+
+        def run_once():
+            model(x).sum().backward()
+
+    comm_counts, module_counts = _comm_debug_counts(run_once, args.get("steps", 2))
     # sharding spans: a 8x4 tensor under Shard(0), Shard(1), Replicate
     full = torch.arange(32, dtype=torch.float32).reshape(8, 4)
     shard0 = distribute_tensor(full, mesh, [Shard(0)])

@@ -343,17 +343,24 @@ def test_tp_per_module_per_phase_counts_equal_comm_debug_modes(tp_job):
         assert sum(Counter(s["name"] for s in training).values()) == sum(result["comm_counts"].values())
 
 
-@pytest.fixture(scope="module", params=("before", "local_import", "after"))
+@pytest.fixture(scope="module", params=("before", "local_import", "after", "reentrant", "non_reentrant"))
 def tp_grad_job(request, tmp_path_factory):
-    """The TP MLP with an input that requires grad (backward all-reduces it), parallelized in each order."""
+    """The TP MLP with an input that requires grad (backward all-reduces it), parallelized in each order, and
+    under activation checkpointing of each kind."""
     run = f"tp-{request.param.replace('_', '-')}"
-    return _job(tmp_path_factory, "tensor_parallel", 2, run, {"steps": 2, "order": request.param, "input_grad": True, "run": run})
+    args = {"steps": 2, "input_grad": True, "run": run}
+    if request.param.endswith("reentrant"):
+        args["checkpoint"] = request.param
+    else:
+        args["order"] = request.param
+    return _job(tmp_path_factory, "tensor_parallel", 2, run, args)
 
 
 def test_tp_backward_and_any_order_count_per_module_and_phase_as_comm_debug_mode(tp_grad_job):
     """Forward and backward collectives name their module as CommDebugMode does (TPMLP.net2 forward,
     TPMLP.net1 backward), whether the model was parallelized before instrument(), through a
-    parallelize_module imported before it, or after it."""
+    parallelize_module imported before it, or after it; under activation checkpointing the recomputation's
+    all-reduce (TPMLP.net2) is backward's, where it was labelled forward."""
     for rank in range(tp_grad_job["ws"]):
         result = tp_grad_job["results"][rank]
         training = _training(tp_grad_job["spans"][rank])

@@ -22,6 +22,7 @@ from .record import BWD as _BWD
 from .record import CTX as _CTX
 from .record import STEPCTX as _STEPCTX
 from .record import TLS
+from .record import in_backward as _in_backward
 from .step_context import SAMPLED as _SAMPLED
 
 FRAMEWORK = 0
@@ -249,7 +250,9 @@ class ModuleTracker:
         stack = getattr(TLS, "module_tokens", None)
         if stack is None:
             stack = TLS.module_tokens = []
-        stack.append(push(module=name, phase="forward"))
+        # A module run inside backward is activation checkpointing's recomputation: its collectives are
+        # backward's (CommDebugMode counts them so).
+        stack.append(push(module=name, phase="backward" if _in_backward() else "forward"))
         # None: a forward pre-hook that returns a value replaces the module's input.
 
     def _resolve(self, module) -> str:
