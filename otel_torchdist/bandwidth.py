@@ -21,9 +21,12 @@ REDUCE = "reduce"
 GATHER = "gather"
 SCATTER = "scatter"
 SEND_RECV = "send_recv"
+# Functional permute_tensor (context parallel's ring rotation): every rank sends all of its tensor to one
+# peer and receives one, nccl-tests' sendrecv pattern (factor 1), yet a collective of the whole group.
+PERMUTE = "permute"
 BARRIER = "barrier"
 
-KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, REDUCE, GATHER, SCATTER, SEND_RECV, BARRIER)
+KINDS = (ALL_REDUCE, ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, BROADCAST, REDUCE, GATHER, SCATTER, SEND_RECV, PERMUTE, BARRIER)
 
 
 def bus_factor(kind: str, n: int) -> float:
@@ -34,7 +37,7 @@ def bus_factor(kind: str, n: int) -> float:
         return 2.0 * (n - 1) / n
     if kind in (ALL_GATHER, REDUCE_SCATTER, ALL_TO_ALL, GATHER, SCATTER):
         return (n - 1) / n
-    if kind in (BROADCAST, REDUCE, SEND_RECV):
+    if kind in (BROADCAST, REDUCE, SEND_RECV, PERMUTE):
         return 1.0
     if kind == BARRIER:
         return 0.0

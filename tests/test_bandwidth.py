@@ -18,6 +18,7 @@ from otel_torchdist import bandwidth as bw
         ("broadcast", 8, 1.0),
         ("reduce", 8, 1.0),
         ("send_recv", 2, 1.0),
+        ("permute", 4, 1.0),
         ("gather", 4, 0.75),
         ("scatter", 4, 0.75),
         ("barrier", 4, 0.0),

@@ -347,3 +347,15 @@ def test_the_first_functional_collective_is_not_timed_with_torchs_import_of_dyna
     assert "dynamo before False" in done.stdout  # else the test measures nothing
     (span,) = [s for s in collective_spans(read_spans(str(tmp_path / "first" / "traces.rank0.jsonl")))]
     assert span["attributes"][n.COLL_DURATION] < 0.5, span["attributes"][n.COLL_DURATION]
+
+
+def test_permute_tensor_is_a_sendrecv_of_its_whole_tensor_not_an_all_to_all(fake_pg, instrumented):
+    """Every rank sends all of its tensor to one peer (context parallel's ring rotation): bus factor 1, as
+    nccl-tests' sendrecv; all-to-all's (n-1)/n understated its busbw by n/(n-1)."""
+    folder = instrumented()
+    funcol.permute_tensor(torch.ones(9), [1, 2, 3, 0], fake_pg).wait()
+    (span,) = _spans(folder)
+    a = span["attributes"]
+    assert a[n.COLL_KIND] == "permute" and a[n.COLL_MESSAGE_SIZE] == 36
+    if a.get(n.COLL_BUSBW) is not None:
+        assert a[n.COLL_BUSBW] == pytest.approx(a[n.COLL_ALGBW])

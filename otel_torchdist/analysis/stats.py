@@ -90,7 +90,7 @@ def kind_of(op: str) -> str | None:
         ("all_gather", bw.ALL_GATHER),
         ("allgather", bw.ALL_GATHER),
         ("all_to_all", bw.ALL_TO_ALL),
-        ("permute", bw.ALL_TO_ALL),
+        ("permute", bw.PERMUTE),
         ("broadcast", bw.BROADCAST),
         ("send", bw.SEND_RECV),
         ("recv", bw.SEND_RECV),

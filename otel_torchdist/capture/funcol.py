@@ -74,7 +74,7 @@ _SPECS: dict[str, tuple[str, str, str, str | None, str | None]] = {
     "all_gather_into_tensor_coalesced": (bw.ALL_GATHER, TIMES_N, "self", None, None),
     "reduce_scatter_single_coalesced": (bw.REDUCE_SCATTER, SUM, "inputs", "reduceOp", None),
     "reduce_scatter_tensor_coalesced": (bw.REDUCE_SCATTER, SUM, "inputs", "reduceOp", None),
-    "permute_tensor": (bw.ALL_TO_ALL, SUM, "self", None, None),
+    "permute_tensor": (bw.PERMUTE, SUM, "self", None, None),
 }
 
 # Output storage address (or, for deep.py, a tensor's id) -> (weak reference to it, record, join or None).
