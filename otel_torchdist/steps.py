@@ -38,6 +38,7 @@ from time import perf_counter_ns
 from typing import Any
 
 from . import callbacks, health
+from .capture import caller
 from .capture import record as R
 from .capture import step_context as S
 from .patching import Patch
@@ -352,6 +353,11 @@ class StepTracker:
                 index = self.index + 1 if index is None else int(index)
                 index = self._begin(index, source, perf_counter_ns() if t_start is None else t_start)
             ctx = R.STEP[0]
+            if took_over and ctx is not None:
+                # The explicit step begins here, in the caller's context of now (the set-up step it takes
+                # over began before the program's spans, at the first process group).
+                ctx = ctx[: S.AROUND] + (caller.get_current() or None,) + ctx[S.AROUND + 1 :]
+                R.STEP[0] = R.RECENT_STEPS[ctx[S.SERIAL] & _RECENT_MASK] = ctx
             if parent is not None and ctx is not None:
                 # Under the caller's span; it still names the shared root (a link).
                 ctx = S.under(ctx, *parent, took_over)
@@ -378,7 +384,9 @@ class StepTracker:
             ids = self._ids_of(index, occurrence)
         trace = ids[0]
         # capture/step_context.py's fields, in one literal (every step)
-        _STEP[0] = _RECENT_STEPS[serial & _RECENT_MASK] = (serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence)
+        _STEP[0] = _RECENT_STEPS[serial & _RECENT_MASK] = (
+            serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence, caller.get_current() or None
+        )  # fmt: skip
         R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
 

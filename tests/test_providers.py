@@ -244,6 +244,40 @@ def test_a_step_under_the_callers_span_makes_one_tree_with_the_callers_spans(fak
         assert s.parent is None or s.parent.span_id in by_id, _name(s)
 
 
+@pytest.mark.parametrize("marked", [False, True], ids=["optimizer steps", "step_begin"])
+def test_a_span_around_the_whole_loop_leaves_each_steps_collectives_in_that_step(fake_pg, instrumented, marked):
+    """A job's span around the loop: every collective of every step was that span's child, sampled by it,
+    so the library's step choice traced all of them (15 of 15 here, every step's) and the traced steps' own
+    spans held none. They are the step's again, traced as the step is."""
+    tp, _, spans, _ = _providers()
+    instrumented(tracer_provider=tp, trace_first_steps=3, trace_every_steps=100)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with tp.get_tracer("my.job").start_as_current_span("job"):
+        for i in range(1, 16):
+            if marked:
+                otel_torchdist.step_begin(i)
+            model(torch.ones(2, 4)).sum().backward()
+            dist.all_reduce(torch.ones(3))
+            opt.step()
+            opt.zero_grad()
+            if marked:
+                otel_torchdist.step_end()
+    otel_torchdist.uninstrument()
+    finished = spans.get_finished_spans()
+    by_id = {s.context.span_id: s for s in finished}
+    collectives = [s for s in finished if _name(s) in ("all_reduce", "optimizer.step")]
+    steps = {s.context.span_id: s.attributes[n.STEP] for s in finished if _name(s) == n.SPAN_RANK_STEP}
+    assert sorted(steps.values()) == [1, 2, 3]
+    job = next(s for s in finished if _name(s) == "job")
+    held = sorted(str(steps.get(s.parent.span_id, "job" if s.parent.span_id == job.context.span_id else "?")) for s in collectives)
+    # Unmarked, step 1 is the set-up step, begun at the first process group: the job's span began inside
+    # it, so its collectives are that span's children, as any span the program opens inside a step.
+    assert held == (["1", "1", "2", "2", "3", "3"] if marked else ["2", "2", "3", "3", "job", "job"])
+    for s in finished:
+        assert s.parent is None or s.parent.span_id in by_id, _name(s)
+
+
 @pytest.mark.parametrize("sampler", [None, _NoBroadcast()], ids=["default", "span by span"])
 def test_exemplars_of_the_duration_histogram_point_at_exported_spans(sampler, fake_pg, instrumented):
     """A sampler of the application's that decides span by span does so after the duration was recorded:
@@ -408,3 +442,63 @@ def test_the_run_folder_copy_can_be_turned_off(fake_pg, instrumented):
     assert spans.get_finished_spans()
     assert not os.path.exists(f"{folder}/traces.rank0.jsonl") and not os.path.exists(f"{folder}/metrics.rank0.jsonl")
     assert os.path.exists(f"{folder}/summary.rank0.json")  # the summary is written as before
+
+
+def test_providers_made_after_instrument_get_the_last_spans_at_exit(tmp_path):
+    """instrument() first, the SDK providers made after it (before the process group), a plain exit: the
+    providers' own exit hook, registered later, ran first, shut them down, and the library's spans never
+    reached the exporter (1 span of 30: the program's own). A fresh interpreter, for its exit."""
+    import subprocess
+    import sys
+    import textwrap
+
+    out = tmp_path / "exported.txt"
+    script = textwrap.dedent(
+        f"""
+        import torch, torch.distributed as dist
+        from torch.testing._internal.distributed.fake_pg import FakeStore
+        from opentelemetry import trace
+        from opentelemetry.sdk.trace import TracerProvider
+        from opentelemetry.sdk.trace.export import BatchSpanProcessor, SpanExporter, SpanExportResult
+        import otel_torchdist
+
+        class Names(SpanExporter):
+            names = []
+            def export(self, spans):
+                Names.names += [s.name.split()[0] for s in spans]
+                return SpanExportResult.SUCCESS
+            def shutdown(self):
+                open({str(out)!r}, "w").write("\\n".join(Names.names))
+
+        otel_torchdist.instrument(run_dir={str(tmp_path)!r}, summary="none", metrics_exporter=("file",))
+        tp = TracerProvider()
+        tp.add_span_processor(BatchSpanProcessor(Names()))
+        trace.set_tracer_provider(tp)
+        dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        for _ in range(3):
+            model(torch.ones(2, 4)).sum().backward()
+            dist.all_reduce(torch.ones(3))
+            opt.step()
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=180)
+    assert done.returncode == 0, done.stderr[-3000:]
+    names = out.read_text().split()
+    assert names.count("all_reduce") == 3 and names.count("optimizer.step") == 3, names
+    assert n.SPAN_RANK_STEP in names
+
+
+def test_spans_reach_the_providers_processor_without_waiting_for_the_schedule_delay(fake_pg, instrumented):
+    """The application's span processor batches again: the library held the spans for OTEL_BSP_SCHEDULE_DELAY
+    (5 s) on top, and a provider shut down in that time lost them. Handed over within a quarter second now."""
+    import time
+
+    tp, _, spans, _ = _providers()
+    instrumented(tracer_provider=tp)
+    _steps(3)
+    deadline = time.monotonic() + 2.0
+    while time.monotonic() < deadline and not [s for s in spans.get_finished_spans() if _name(s) == "all_reduce"]:
+        time.sleep(0.05)
+    assert len([s for s in spans.get_finished_spans() if _name(s) == "all_reduce"]) >= 2  # steps 1, 2 at least

@@ -26,9 +26,12 @@ def snapshot() -> tuple[Any, tuple | None, tuple | None]:
 
 def untraced(user: Any, fw: tuple | None, step: tuple | None) -> bool:
     """Whether a span opened under this context would be dropped at the drain, so need not be made: no
-    span of the caller's and no framework span above it, in a training step that is not traced (the drain
-    decides alike, Pipeline.parent_of)."""
-    return user is None and (fw is None or fw[PARENT_TRACE] is None) and step is not None and not step[S.SAMPLED]
+    span of the caller's (but the one the step began in) and no framework span above it, in a training step
+    that is not traced (the drain decides alike, Pipeline.parent_of)."""
+    return (
+        step is not None and not step[S.SAMPLED] and (user is None or user is step[S.AROUND])
+        and (fw is None or fw[PARENT_TRACE] is None)
+    )  # fmt: skip
 
 
 def open_span(snap: tuple) -> tuple[int, int, int | None]:

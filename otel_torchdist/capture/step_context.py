@@ -3,7 +3,8 @@
 
 It is ``record.STEP[0]`` while the step is open, ``record.RECENT_STEPS`` keeps the last ones begun (the native
 capture's records carry a step's serial), and every record made meanwhile keeps it (``record.STEPCTX``). A
-tuple of ints, bools and one pair, like the record itself: nothing for the garbage collector to follow.
+tuple of ints, bools and one pair, like the record itself, and the caller's OpenTelemetry context the step
+began in (one object, which records made in it hold anyway).
 """
 
 from __future__ import annotations
@@ -17,7 +18,11 @@ PARENT = 5  # (trace id, span id) of the caller's span around the step, or None
 SHARED = 6  # the step's shared trace id, which every rank derives alike (the root's trace)
 INDEX = 7  # the step's number, as the program gave it (or counted from 1)
 OCCURRENCE = 8  # how many times this number was begun before on this rank
-FIELDS = 9
+# The caller's OpenTelemetry Context current when the step began (None: an empty one): a collective made in
+# it, under a span of the program's around the whole loop, is the step's, not that span's child, and is
+# traced as the step is (export/caller_context.py); a span the program opens inside the step stays its parent.
+AROUND = 9
+FIELDS = 10
 
 
 def under(ctx: tuple, trace: int, span: int, sampled: bool, took_over: bool) -> tuple:

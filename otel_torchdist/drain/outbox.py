@@ -20,6 +20,10 @@ from ..telemetry import MetricData, SpanData
 from .spans import limited
 
 ROOM_WAIT_S = 0.1  # the most a drain waits in all for the export thread to take spans from a full queue
+# How long spans wait for a sink that batches them itself (a provider's processors): the application's span
+# processor holds them for its own schedule, and what the library still held when the application shut its
+# provider down was lost.
+HAND_OVER_S = 0.25
 SPAN_ATTRIBUTES_MAX = 64  # more than any span of the library carries: a count limit at or above it cuts nothing
 
 
@@ -68,6 +72,7 @@ class Outbox:
         # The export package's sinks (export/sinks.py: span_format, export_span_fragments, export_metrics, flush,
         # shutdown) and the encoder of each span format they take: the drain knows no wire format.
         self.span_sinks: list[Any] = []
+        self.span_delay = cfg.span_schedule_delay  # set_destination's: shorter for a sink that batches itself
         self.metric_sinks: list[Any] = []
         self.encoders: Mapping[str, Callable[[SpanData], Any]] = {}
         self.resource: dict[str, Any] | None = None
@@ -106,6 +111,8 @@ class Outbox:
         self.resource = resource
         self.span_sinks = span_sinks
         self.metric_sinks = metric_sinks
+        delay = self.cfg.span_schedule_delay
+        self.span_delay = min(delay, HAND_OVER_S) if any(s.hands_over for s in span_sinks) else delay
         self.encoded = {fmt: deque() for fmt in dict.fromkeys(s.span_format for s in span_sinks if s.span_format)}
         self._queues = list(self.encoded.values())
         # Spans are far below the default limits (128 attributes, no value limit): checked only when set.
@@ -216,7 +223,7 @@ class Outbox:
     def _export_loop(self) -> None:
         cfg = self.cfg
         while not self._stop.is_set():
-            self.wake.wait(min(cfg.span_schedule_delay, 1.0))
+            self.wake.wait(min(self.span_delay, 1.0))
             self.wake.clear()
             if self._stop.is_set() or self.resource is None:
                 continue
@@ -224,7 +231,7 @@ class Outbox:
             urgent, self._urgent = self._urgent, False
             try:
                 queued = self.queued_spans()
-                if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= cfg.span_schedule_delay):
+                if urgent or queued >= cfg.span_batch_size or (queued and now - self._last_spans >= self.span_delay):
                     self._last_spans = now
                     self.export_spans(now + cfg.for_signal("timeout", "traces") * 2)
             except Exception as exc:

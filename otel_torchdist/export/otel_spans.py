@@ -125,6 +125,7 @@ class TracerSink(Sink):
 
     name = "tracer"
     span_format = "data"  # the pipeline queues SpanData for it as they are (otlp.SPAN_ENCODERS)
+    hands_over = True  # the provider's processors batch
 
     def __init__(self, tracer_provider: Any, origin: str, scope_attributes: dict[str, Any], owned: bool = False) -> None:
         self.provider = tracer_provider

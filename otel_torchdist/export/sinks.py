@@ -36,6 +36,9 @@ class Sink:
     name = "sink"
     span_format: str | None = None
     """How this sink wants spans encoded (``pb`` or ``json``, see ``otlp.SPAN_ENCODERS``); None: no spans."""
+    hands_over = False
+    """Spans go on to something that batches them itself (a provider's span processors): the outbox hands
+    them over within ``outbox.HAND_OVER_S`` instead of holding them for the span schedule delay."""
 
     def export_spans(self, resource: dict[str, Any], spans: list[SpanData], timeout: float | None = None) -> bool:
         """Convenience for callers holding SpanData: encode, then :meth:`export_span_fragments`."""

@@ -20,6 +20,7 @@ from ..export.otel_metrics import MeterBridge
 from ..export.otel_spans import ProviderSampler, TracerSink
 from ..export.prometheus import PrometheusEndpoint
 from ..identity import Identity, resource_attributes, sanitize
+from . import process
 
 
 def write_json(folder: str | None, name: str, doc: Any) -> None:
@@ -67,6 +68,8 @@ class Outlets:
         # Exporters installed for the SDK that OTEL_*_EXPORTER names (a vendor's): through SDK providers of
         # the library's own, with this rank's resource.
         providers = self.providers = _providers.with_installed_exporters(cfg, providers, resource)
+        if providers.tracer_provider is not None or providers.meter_provider is not None:
+            process.exit_before_providers()
         if providers.tracer_provider is not None:
             scope = {n.RANK: ident.rank, n.RUN_ID: ident.run_id, n.WORLD_SIZE: ident.world_size}
             span_sinks.append(TracerSink(providers.tracer_provider, providers.tracer_origin, scope, providers.owned[0]))

@@ -30,6 +30,15 @@ def install(rt: Runtime) -> None:
         os.register_at_fork(after_in_child=_forked_child)
 
 
+def exit_before_providers() -> None:
+    """Flush at exit before the application's OpenTelemetry providers shut down: an SDK provider made after
+    instrument() registered its own exit hook later, which ran first (atexit runs the last registered first)
+    and shut the provider down before the library handed it its last spans and metrics."""
+    if _exit_hooked[0]:
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
+
+
 def _forked_child() -> None:
     """A fork of an instrumented process (a DataLoader worker, a multiprocessing child) is not a rank: it
     inherits the runtime but none of its threads, and must neither flush nor summarize at its exit (it
