@@ -293,6 +293,28 @@ def test_hang_report_names_the_rank_that_never_arrived():
     assert "rank 0 never arrived at all_reduce sequence number 8" in table.verdict
 
 
+def test_a_rank_that_arrived_after_the_others_timed_out_is_named_late(tmp_path):
+    """Rank 0 slept past rank 1's timeout, then started the all-reduce, which failed at once: both ranks
+    started #5, so the report said "slow or failed, not missing a rank", where the hang board had named rank 0
+    on rank 1's collective.hang span (torchdist.hang.missing_ranks)."""
+    from otel_torchdist import telemetry
+    from otel_torchdist.export import otlp
+
+    hang = telemetry.SpanData(n.SPAN_HANG, 7, 8, None, 10**9, 3 * 10**9, [
+        (n.COLL_OP, "all_reduce"), (n.COLL_GROUP_DESC, "default_pg"), (n.COLL_GROUP_NAME, "0"), (n.COLL_SEQ, 5),
+        (n.HANG_WAITED, 1.5), (n.COLL_GROUP_RANKS, [0, 1]), (n.HANG_MISSING_RANKS, [0])])  # fmt: skip
+    (tmp_path / "traces.rank1.jsonl").write_text(otlp.spans_to_json({n.RANK: 1, n.WORLD_SIZE: 2}, [hang]) + "\n")
+    (loaded,) = [r for r in loader.iter_records(loader.discover(str(tmp_path)), []) if isinstance(r, Hang)]
+    assert loaded.missing_ranks == (0,)
+    failed = [coll(r, seq=5, n_ranks=2, dur=6.0 if r else 0.001, error="DistBackendError: timed out") for r in (0, 1)]
+    records = resources(2) + [_seq_snapshot(0, 5, 4), _seq_snapshot(1, 5, 4), loaded] + failed
+    table = builders.hang_report(records)
+    assert table.verdict.startswith(
+        "default_pg: rank 0 had not started all_reduce sequence number 5 when rank 1 reported waiting in it (1.5 s, "
+        "the hang board's view), and started it later: late, not missing; it failed: DistBackendError"
+    ), table.verdict
+
+
 def test_hang_state_comes_from_the_last_export_that_has_it():
     # Rank 1's final export came after its groups were gone: no sequence gauges in it. The one before holds
     # the state (39 started), not the spans' lower bound (16).
@@ -378,6 +400,38 @@ def test_hang_report_from_spans_alone():
     table = builders.hang_report(records)
     assert table.groups[0].never_arrived == [0]
     assert "traced steps only" in table.source
+
+
+def test_a_sampled_runs_step_time_is_the_metrics_mean_of_every_step_not_the_traced_warm_up():
+    """The default sampling traces the first 10 steps and every 100th: their median was mostly warm-up (9.8 ms
+    where the run's steps took 35), and compare's speedup was off by as much. The metrics count every step:
+    their totals, less the traced set-up step, over the other steps; the slowest rank's."""
+    steps, setup, warm, steady = 100, 1.0, 0.02, 0.1
+    records = list(resources(2))
+    for rank in range(2):
+        first = rank_step(rank, 1, dur=setup, compute=0.9, wait=0.1, trace="tr1")
+        first.setup = True
+        records.append(first)
+        records += [rank_step(rank, k, dur=warm, compute=warm / 2, wait=warm / 2, trace=f"tr{k}") for k in (2, 3, 4)]
+        slow = steady * (1.5 if rank == 1 else 1.0)
+        total = setup + 3 * warm + (steps - 4) * slow
+        labels = {n.M_RUN: "synthetic", n.M_RANK: str(rank)}
+        records.append(MetricSnapshot(rank=rank, time_ns=10, metrics={
+            n.STEPS_METRIC.name: [MetricPoint(attributes=labels, value=steps)],
+            n.STEP_DURATION_METRIC.name: [MetricPoint(attributes=labels, value=Histogram(
+                count=steps, sum=total, bounds=n.DURATION_BUCKETS, bucket_counts=(0,) * (len(n.DURATION_BUCKETS) + 1)))],
+            n.STEP_COMPUTE_TIME.name: [MetricPoint(attributes=labels, value=total * 0.75)],
+            n.STEP_COLLECTIVE_WAIT_TIME.name: [MetricPoint(attributes=labels, value=total * 0.25)],
+        }))  # fmt: skip
+    table = builders.steps_table(records, noise_level=1)
+    total1 = setup + 3 * warm + 96 * 0.15
+    assert table.step_time_s == pytest.approx((total1 - setup) / 99)
+    assert table.step_statistic == "mean"
+    assert table.step_time_from == "mean of the 99 steps after the set-up step (metrics, every step; 4 traced)"
+    assert table.step_compute_s == pytest.approx((total1 * 0.75 - 0.9) / 99)
+    assert table.step_wait_s == pytest.approx((total1 * 0.25 - 0.1) / 99)
+    every = [r for r in records if not isinstance(r, MetricSnapshot)]  # spans alone: the traced median
+    assert builders.steps_table(every).step_time_s == pytest.approx(warm)
 
 
 # ------------------------------------------------------------------------------------- compare

@@ -199,6 +199,7 @@ def span_record(
                 start_ns=start_ns,
                 end_ns=end_ns,
                 group_ranks=tuple(a[n.COLL_GROUP_RANKS]) if isinstance(a.get(n.COLL_GROUP_RANKS), list) else None,
+                missing_ranks=tuple(int(r) for r in a[n.HANG_MISSING_RANKS]) if isinstance(a.get(n.HANG_MISSING_RANKS), list) else None,
             )
         )
     elif name == n.SPAN_RANK_STEP:

@@ -121,6 +121,8 @@ class Hang:
     end_ns: int
     group_ranks: tuple[int, ...] | None = None
     """The group's member global ranks (hang spans carry them: the rank that never arrived is among them)."""
+    missing_ranks: tuple[int, ...] | None = None
+    """The ranks the hang board saw not starting the collective when it was reported (``torchdist.hang.missing_ranks``)."""
 
 
 @dataclass(slots=True, kw_only=True)

@@ -214,7 +214,7 @@ def steps(table: StepsTable, noise_level: int = 0) -> list[str]:
     if table.step_time_s is not None:
         line = f"  step time: {table.step_time_s * 1e3:.2f} ms ({table.step_time_from})"
         if table.step_compute_s is not None and table.step_wait_s is not None:
-            line += f"; of it (medians) {table.step_compute_s * 1e3:.2f} ms compute, {table.step_wait_s * 1e3:.2f} ms in collectives"
+            line += f"; of it ({table.step_statistic}s) {table.step_compute_s * 1e3:.2f} ms compute, {table.step_wait_s * 1e3:.2f} ms in collectives"
         lines.append(line)
     for t in table.totals[:MAX_RANK_ROWS]:
         mean = t.total_s / t.steps if t.steps else 0.0
@@ -300,7 +300,7 @@ def summary(report: Report) -> str:
     if st.step_time_s is not None:
         line = f"  steps: {st.step_time_s * 1e3:.1f} ms ({st.step_time_from})"
         if st.step_compute_s is not None and st.step_wait_s is not None:
-            line += f"; of a step (medians) {st.step_compute_s * 1e3:.1f} ms compute, {st.step_wait_s * 1e3:.1f} ms in collectives"
+            line += f"; of a step ({st.step_statistic}s) {st.step_compute_s * 1e3:.1f} ms compute, {st.step_wait_s * 1e3:.1f} ms in collectives"
         lines.append(line)
     mod = report.modules
     if mod.rows and len(mod.rows) > 1:

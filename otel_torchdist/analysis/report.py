@@ -258,9 +258,11 @@ class StepsTable:
     else the metrics' mean."""
     step_time_from: str | None
     step_compute_s: float | None = None
-    """Median compute per rank-step over the steps the step time is the median of (None when it is not one)."""
+    """Compute per rank-step over the steps the step time is taken over, by the same statistic."""
     step_wait_s: float | None = None
-    """Median collective wait per rank-step over those steps."""
+    """Collective wait per rank-step over those steps."""
+    step_statistic: str | None = None
+    """``median`` (of traced steps) or ``mean`` (the metrics' totals, every step): of the step time and its split."""
     samples_per_step: float | None
     """All ranks together, from the samples recorded with ``record_step`` (metrics)."""
     tokens_per_step: float | None

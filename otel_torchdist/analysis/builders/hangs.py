@@ -151,6 +151,9 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
         for (s, c), rs in sorted(by_values.items(), key=lambda kv: kv[1][0])
     ]
     verdict = None
+    late = _late(an, label, members, top) if top is not None and not (stuck and (behind or no_data)) else None
+    if late is not None:
+        verdict = late
     if stuck and top is not None:
         never = behind + no_data
         what = f"{op} " if op else "the collective with "
@@ -167,12 +170,12 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
             errs = [c.error for c in an.failures if c.group == label]
             if errs:
                 verdict += f", then it failed: {short_error(errs[0])}"
-        else:
+        elif late is None:
             verdict = (
                 f"{label}: every rank reached sequence number {top}, and rank{'s' if len(waiting) > 1 else ''} "
                 f"{fmt_ranks(waiting)} still waited in it: slow or failed, not missing a rank"
             )
-    elif behind and top is not None:
+    elif behind and top is not None and late is None:
         ahead = [r for r in present if r not in behind]
         verdict = (
             f"{label}: rank{'s' if len(behind) > 1 else ''} {fmt_ranks(behind)} last seen at sequence number "
@@ -191,3 +194,23 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
         no_data=no_data,
         verdict=verdict,
     )
+
+
+def _late(an: Analyzer, label: str, members: tuple[int, ...], top: int) -> str | None:
+    """Every rank started the group's last collective in the end, but a rank's hang report on it named ranks
+    that had not when it was made (the hang board's view): they came late, after the others had given up
+    (timed out) or past the threshold. None without such a report."""
+    at = [h for h in an.hang_spans if h.group == label and h.seq == top and h.missing_ranks and set(h.missing_ranks) & set(members)]
+    if not at:
+        return None
+    late = sorted({r for h in at for r in h.missing_ranks if r in members})  # type: ignore[union-attr]
+    reporters = sorted({h.rank for h in at})
+    verdict = (
+        f"{label}: rank{'s' if len(late) > 1 else ''} {fmt_ranks(late)} had not started {at[0].op} sequence number "
+        f"{top} when rank{'s' if len(reporters) > 1 else ''} {fmt_ranks(reporters)} reported waiting in it "
+        f"({max(h.waited_s for h in at):.1f} s, the hang board's view), and started it later: late, not missing"
+    )
+    errs = [c.error for c in an.failures if c.group == label and c.seq in (top, None)]
+    if errs:
+        verdict += f"; it failed: {short_error(errs[0])}"
+    return verdict

@@ -60,8 +60,20 @@ def build(an: Analyzer) -> StepsTable:
         )
     totals = an.totals()
     usable = [r for r in rows if not r.setup]
-    step_compute = step_wait = None
-    if len(usable) >= 3:
+    step_compute = step_wait = statistic = None
+    counted = max((t.steps for t in totals), default=0)
+    steady = _steady_means(an, totals, first) if counted > len(rows) else None
+    if steady is not None:
+        # Sampled runs trace the first steps and every hundredth: their median is mostly warm-up. The
+        # metrics count every step; the traced set-up step is taken out of them.
+        step_time, step_compute, step_wait, setup_out = steady
+        statistic = "mean"
+        if setup_out:
+            step_from = f"mean of the {counted - 1} steps after the set-up step (metrics, every step; {len(rows)} traced)"
+        else:
+            step_from = f"mean of all {counted} steps (metrics, every step, the first's set-up included; {len(rows)} traced)"
+    elif len(usable) >= 3:
+        statistic = "median"
         step_time = statistics.median(r.duration_s for r in usable)
         step_from = f"median of {len(usable)} traced steps" + (f" (step {first[0]}, which holds set-up, left out)" if first is not None else "")
         # The split over the same steps and by the same statistic, so that it reads against the step
@@ -123,6 +135,7 @@ def build(an: Analyzer) -> StepsTable:
         totals=totals,
         step_time_s=step_time,
         step_time_from=step_from,
+        step_statistic=statistic,
         step_compute_s=step_compute,
         step_wait_s=step_wait,
         samples_per_step=samples,
@@ -130,3 +143,26 @@ def build(an: Analyzer) -> StepsTable:
         overlap=overlap,
         overlap_note=overlap_note,
     )
+
+
+def _steady_means(an: Analyzer, totals: list, first: tuple | None) -> tuple[float, float, float, bool] | None:
+    """(step time, compute, wait, set-up left out) from the metrics' totals: per rank the totals less its traced
+    set-up step, over the other steps; the slowest rank's step time (ranks wait for each other), the split of
+    that rank. None without totals."""
+    setup = an.rank_steps.get(first, {}) if first is not None else {}
+    best = None
+    for t in totals:
+        if not t.steps:
+            continue
+        s = setup.get(t.rank)
+        out = s is not None and t.steps > 1
+        total, compute, wait, steps = t.total_s, t.compute_s, t.wait_s, t.steps
+        if out:
+            total -= s.duration_s
+            compute -= s.compute_s or 0.0
+            wait -= s.wait_s or 0.0
+            steps -= 1
+        row = (total / steps, max(compute, 0.0) / steps, max(wait, 0.0) / steps, out)
+        if best is None or row[0] > best[0]:
+            best = row
+    return best
