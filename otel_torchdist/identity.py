@@ -38,6 +38,7 @@ STORE_KEY = "otel_torchdist/run_id"
 ATTEMPT_KEY = "otel_torchdist/attempt"
 STORE_TIMEOUT = datetime.timedelta(seconds=60)
 _IMPORTED_AT = time.time()
+_generations: dict[str, int] = {}  # run id -> identities resolved with it in this process
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -56,11 +57,17 @@ class Identity:
     """False when no process group was ever initialized (a single process)."""
     attempt: str = ""
     """Under torchelastic, a value the ranks of this attempt share and no other attempt has; else empty."""
+    generation: int = 0
+    """How many instrumentations of this process had this run id before this one (uninstrument() and
+    instrument() again): every rank that re-instruments alike counts alike."""
 
     @property
     def trace_key(self) -> str:
-        """What step ids and store keys derive from: the run id, and the attempt when there is one."""
-        return f"{self.run_id}/{self.attempt}" if self.attempt else self.run_id
+        """What step ids and store keys derive from: the run id, the attempt when there is one, and the
+        generation after the first instrumentation (whose steps' ids a second one repeated, step for step,
+        and whose store keys it read)."""
+        key = f"{self.run_id}/{self.attempt}" if self.attempt else self.run_id
+        return f"{key}~{self.generation}" if self.generation else key
 
 
 def new_run_id() -> str:
@@ -225,6 +232,8 @@ def resolve(configured_run_id: str | None) -> Identity:
         node_rank = _env_int("SLURM_NODEID")
     # Unique per rank and run, and per elastic attempt: a restarted rank is a new instance.
     instance_id = f"{run_id}-rank{rank}" + (f"-attempt{restart}" if restart else "")
+    generation = _generations.get(run_id, 0)
+    _generations[run_id] = generation + 1
     return Identity(
         rank=rank,
         local_rank=local_rank,
@@ -238,6 +247,7 @@ def resolve(configured_run_id: str | None) -> Identity:
         instance_id=instance_id,
         distributed=distributed,
         attempt=attempt,
+        generation=generation,
     )
 
 

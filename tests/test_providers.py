@@ -502,3 +502,46 @@ def test_spans_reach_the_providers_processor_without_waiting_for_the_schedule_de
     while time.monotonic() < deadline and not [s for s in spans.get_finished_spans() if _name(s) == "all_reduce"]:
         time.sleep(0.05)
     assert len([s for s in spans.get_finished_spans() if _name(s) == "all_reduce"]) >= 2  # steps 1, 2 at least
+
+
+def test_a_collection_right_after_another_reads_the_totals_of_now(fake_pg, instrumented):
+    """The observable counters' snapshot served every collection for half a second: collected right after
+    another (a reader's final export at shutdown, a second reader), calls said 3 where the histogram, recorded
+    as it goes, said 8."""
+    _, mp, _, reader = _providers()
+    instrumented(meter_provider=mp)
+    from otel_torchdist import runtime
+
+    def totals():
+        points = _points(reader)
+        return _by_op(points[n.COLLECTIVE_CALLS.name])["all_reduce"].value, _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count
+
+    for _ in range(3):
+        dist.all_reduce(torch.ones(4))
+    runtime.current().pipeline.drain()
+    assert totals() == (3, 3)
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4))
+    runtime.current().pipeline.drain()
+    assert totals() == (8, 8)
+
+
+def test_instrumenting_again_continues_the_counters_and_repeats_no_ids(fake_pg, instrumented):
+    """uninstrument(), then instrument() again with the same providers (as the warning on a second
+    instrument() advises to change options): the second's steps had the first's trace and span ids, its
+    collectives hung in the first's trees, and the counters, the provider's instruments with their start
+    time, went back (steps 3 -> 2) where the histogram went on (3 -> 5)."""
+    tp, mp, spans, reader = _providers()
+    for steps in (3, 2):
+        instrumented(tracer_provider=tp, meter_provider=mp)
+        _steps(steps)
+        otel_torchdist.uninstrument()
+    finished = spans.get_finished_spans()
+    ids = [(s.context.trace_id, s.context.span_id) for s in finished]
+    assert len(ids) == len(set(ids))
+    assert len({s.context.trace_id for s in finished if _name(s) == n.SPAN_STEP}) == len([s for s in finished if _name(s) == n.SPAN_STEP])
+    points = _points(reader)
+    (steps_point,) = points[n.STEPS_METRIC.name]
+    assert steps_point.value >= 5  # the set-up steps besides
+    calls = _by_op(points[n.COLLECTIVE_CALLS.name])["all_reduce"].value
+    assert calls == _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count == 5

@@ -25,12 +25,14 @@ from opentelemetry.metrics import CallbackOptions, Observation
 from .. import health
 from .. import names as n
 from .._version import __version__
-from ..telemetry import MetricData
+from ..telemetry import MetricData, NumberPoint
 from .otel_spans import parent_context
 
 SNAPSHOT_TTL_S = 0.5
-"""How long one snapshot serves the callbacks of one collection (a reader's callbacks run one after the
-other: one snapshot of every series, not one per instrument)."""
+"""The longest one snapshot serves the callbacks of one collection (a reader's callbacks run one after the
+other: one snapshot of every series, not one per instrument). A callback asking again for its instrument
+starts the next collection, and a snapshot of its own: a second collection within the TTL (a reader's final
+export at shutdown, a second reader) reported the totals of the one before."""
 
 
 class _Instruments:
@@ -43,6 +45,11 @@ class _Instruments:
         self._lock = threading.Lock()
         self._snapshot: dict[str, list] = {}
         self._taken = 0.0
+        self._served: set[str] = set()  # the instruments this snapshot has answered
+        # Counter totals of the instrumentations that used these instruments before (uninstrument(), then
+        # instrument() again with the same provider): name -> attributes -> total. The instruments are the
+        # provider's, with their start time: a new pipeline counting from 0 made its cumulative sums go back.
+        self.base: dict[str, dict[frozenset, float]] = {}
         self.histograms: dict[str, Any] = {}
         for metric in n.METRICS:
             if metric.instrument == "histogram":
@@ -63,7 +70,7 @@ class _Instruments:
     def _points(self, name: str) -> list:
         with self._lock:
             now = time.monotonic()
-            if now - self._taken > SNAPSHOT_TTL_S:
+            if name in self._served or now - self._taken > SNAPSHOT_TTL_S:
                 source = self.source
                 data: list[MetricData] = []
                 if source is not None:
@@ -72,8 +79,38 @@ class _Instruments:
                     except Exception as exc:
                         health.error("metrics", "could not read the metrics for the MeterProvider", exc)
                 self._snapshot = {md.metric.name: md.points for md in data if md.metric.instrument != "histogram"}
+                for name_, base in self.base.items():
+                    self._snapshot[name_] = _plus(self._snapshot.get(name_, []), base)
                 self._taken = now
+                self._served = set()
+            self._served.add(name)
             return self._snapshot.get(name, [])
+
+
+    def retire(self, final: list[MetricData]) -> None:
+        """An instrumentation ends with these totals: its counters' become the base the next one's add to;
+        the gauges report their last values until then."""
+        with self._lock:
+            for md in final:
+                if md.metric.instrument == "counter":
+                    base = self.base.setdefault(md.metric.name, {})
+                    for p in md.points:
+                        key = frozenset(p.attributes.items())
+                        base[key] = base.get(key, 0) + p.value
+            gauges = [md for md in final if md.metric.instrument == "gauge"]
+            self.source = lambda: gauges
+            self._taken = 0.0
+
+
+def _plus(points: list, base: dict[frozenset, float]) -> list:
+    """``points`` with the earlier instrumentations' totals added, and the series only they had."""
+    out, seen = [], set()
+    for p in points:
+        key = frozenset(p.attributes.items())
+        seen.add(key)
+        out.append(NumberPoint(p.attributes, p.value + base.get(key, 0)))
+    out += [NumberPoint(dict(key), value) for key, value in base.items() if key not in seen]
+    return out
 
 
 _by_provider: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -158,7 +195,7 @@ class MeterBridge:
         """Instrumentation ends: the instruments keep reporting the last totals (``final``), so that the
         provider's last export (at its shutdown, after ours) still has them."""
         if self.instruments.source is self._source:
-            self.read_from(lambda: final)
+            self.instruments.retire(final)
         if self.owned:
             from .providers import shutdown
 
