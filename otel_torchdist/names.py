@@ -429,7 +429,7 @@ COLLECTIVE_DURATION = Metric(
     "torchdist.collective.duration",
     "histogram",
     "s",
-    "Time from a collective's issue to its observed completion.",
+    "Time from a collective's issue to its observed completion, of the calls that completed (a failed or unfinished call counts in calls, not here).",
     COLLECTIVE_LABELS,
 )
 COLLECTIVE_CALLS = Metric(

@@ -31,6 +31,7 @@ def human_rate(gbps: float | None) -> str:
 def rows(snapshot: dict[tuple[str, str], Series]) -> list[dict[str, Any]]:
     out = []
     for (op, group), s in sorted(snapshot.items(), key=lambda kv: -kv[1].dur_sum):
+        timed = sum(s.buckets)  # the calls that completed: the bytes and the time are theirs
         out.append(
             {
                 "op": op,
@@ -38,9 +39,9 @@ def rows(snapshot: dict[tuple[str, str], Series]) -> list[dict[str, Any]]:
                 "calls": s.count,
                 "errors": s.errors,
                 "bytes": s.bytes,
-                "mean_message_size": s.bytes / s.count if s.count else 0,
+                "mean_message_size": s.bytes / timed if timed else 0,
                 "total_s": s.dur_sum,
-                "mean_s": s.dur_sum / s.count if s.count else 0.0,
+                "mean_s": s.dur_sum / timed if timed else 0.0,
                 # Time-weighted, like rate(bytes)/rate(duration_sum) in PromQL.
                 "algbw_gbps": s.bytes / s.dur_sum / 1e9 if s.dur_sum > 0 and s.bytes else None,
                 "busbw_gbps": s.bus_bytes / s.dur_sum / 1e9 if s.dur_sum > 0 and s.bus_bytes else None,

@@ -118,6 +118,17 @@ def _collective_metrics(rank: int, op: str, calls: int, nbytes: int, bus: int, d
     )
 
 
+def test_a_failed_calls_time_is_in_no_rows_bandwidth_or_mean():
+    """A call that timed out after 6 s moved nothing: its time made the row's algbw 133 times too low (its
+    bytes were already left out, its time was not)."""
+    records = resources(2) + [coll(r, size=4000, dur=0.005, seq=s, n_ranks=2) for r in range(2) for s in (1, 2)]
+    records += [coll(0, size=4000, dur=6.0, seq=3, n_ranks=2, error="DistBackendError: timed out")]
+    (row,) = builders.ops_table(records).rows
+    assert row.count == 5 and row.errors == 1
+    assert row.total_s == pytest.approx(0.020) and row.mean_s == pytest.approx(0.005)
+    assert row.algbw_gbps == pytest.approx(16000 / 0.020 / 1e9)
+
+
 def test_metrics_are_preferred_and_quantiles_come_from_histograms_without_spans():
     buckets = [0] * (len(n.DURATION_BUCKETS) + 1)
     i = n.DURATION_BUCKETS.index(1e-3)

@@ -219,10 +219,21 @@ def test_metrics_agree_with_spans(job):
         assert nbytes == dict(bytes_by_key)
         errors = {k: int(p["asInt"]) for p in metrics[n.COLLECTIVE_ERRORS.name] for k in [(p["attributes"]["op"], p["attributes"]["group"])] if int(p["asInt"])}
         assert errors == {("broadcast", "default_pg"): 2}
+        # The duration histogram holds the calls that completed: a failed call's time (the two broadcasts') is
+        # no transfer's, and took a row's bandwidth down with it.
+        timed, timed_s = Counter(), Counter()
+        for s in spans:
+            a = s["attributes"]
+            if n.ERROR_TYPE not in a and a[n.COLL_END_SOURCE] != n.END_UNFINISHED:
+                timed[(s["name"], _label(s))] += 1
+                timed_s[(s["name"], _label(s))] += a[n.COLL_DURATION]
         hist = {(p["attributes"]["op"], p["attributes"]["group"]): p for p in metrics[n.COLLECTIVE_DURATION.name]}
-        for key, count in by_key.items():
+        assert set(hist) == set(by_key)
+        for key, count in timed.items():
             assert int(hist[key]["count"]) == count
             assert sum(int(c) for c in hist[key]["bucketCounts"]) == count
+            assert float(hist[key]["sum"]) == pytest.approx(timed_s[key], rel=1e-6, abs=1e-9)
+        assert int(hist[("broadcast", "default_pg")]["count"]) == by_key[("broadcast", "default_pg")] - 2
         for p in metrics[n.COLLECTIVE_CALLS.name]:
             assert p["attributes"]["rank"] == str(rank)
             assert p["attributes"]["run"] == f"ops-ws{job['ws']}"

@@ -279,7 +279,8 @@ def test_steps_never_closed_are_forgotten_as_the_python_side_forgets_them(mod, f
 def test_bytes_and_bandwidth_only_for_calls_seen_to_complete(fold, fake_pg, instrumented, request):
     """A call that failed moved nothing the record can vouch for, one never seen to finish (flushed at the
     end) and one ended at its launch (NCCL without completion timing) have no transfer time: no algbw or
-    busbw on their spans; the first two add no bytes to the counters (every one still counts as a call)."""
+    busbw on their spans; the first two add no bytes to the counters and no time to the duration histogram
+    (every one still counts as a call)."""
     from otel_torchdist import names as n
     from otel_torchdist.drain.spans import dynamic_attributes
 
@@ -300,8 +301,9 @@ def test_bytes_and_bandwidth_only_for_calls_seen_to_complete(fold, fake_pg, inst
     if fold:
         pipeline.use_native(request.getfixturevalue("mod"))
     pipeline._process_all(deque(records))
-    ((key, series),) = pipeline.store.snapshot().items()
+    ((key, series),) = pipeline.collective_series().items()
     assert (series.count, series.errors, series.bytes) == (4, 1, 2 * 16)  # the completed call and the launched one
+    assert sum(series.buckets) == 2  # timed: the completed call and the launched one
     gi = groups.BY_ID[ok[R.GROUP]]
     with_bandwidth = [n.COLL_BUSBW in dict(dynamic_attributes(r, gi, 0.001)) for r in records]
     assert with_bandwidth == [True, False, False, False]

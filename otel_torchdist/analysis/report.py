@@ -61,6 +61,7 @@ class OpRow:
     total_bytes: int
     mean_message_size: float
     total_s: float
+    """The time of the calls that completed (a failed or unfinished call's is no transfer's)."""
     mean_s: float
     p50_s: float | None
     p99_s: float | None

@@ -102,7 +102,7 @@ def collective_metrics(
         hist.append(
             HistogramPoint(
                 labels,
-                s.count,
+                sum(s.buckets),  # the calls that completed: failed and unfinished ones count as calls, untimed
                 s.dur_sum,
                 list(s.buckets),
                 bounds,

@@ -76,6 +76,9 @@ class Pipeline:
         self.cfg = cfg
         self.bounds = tuple(cfg.histogram_buckets) if cfg.histogram_buckets else n.DURATION_BUCKETS
         self.store: Any = MetricStore(self.bounds)  # or native/fold.cpp's (use_native)
+        # (op, group) -> [calls, errors] of the calls that failed or were never seen to finish: counted as calls
+        # (and errors), with no time in the duration histogram (a 6 s timeout is no transfer's) nor bytes.
+        self.untimed: dict[tuple[str, str], list[int]] = {}
         self._fold: Any = None  # native/fold.cpp's fold(...), with its store (use_native)
         # That store, which also keeps the folded records' step aggregates (take_step at a step's close), or None.
         self.native_steps: Any = None
@@ -272,9 +275,10 @@ class Pipeline:
         else:
             elapsed = t1 - t0
             seconds = elapsed / 1e9 if elapsed > 0 else 0.0
-        # Bytes count what moved: not those of a call that failed, nor of one never seen to finish (its
-        # record still counts as a call, and its time in the duration histogram).
-        nbytes = rec[_NBYTES] if rec[_ERROR] is None and rec[_END] != _END_UNFINISHED else 0
+        # Bytes and time count what moved: not those of a call that failed, nor of one never seen to finish
+        # (its record still counts as a call: self.untimed).
+        timed = rec[_ERROR] is None and rec[_END] != _END_UNFINISHED
+        nbytes = rec[_NBYTES] if timed else 0
         kind = rec[_KIND]
         size = gi.size
         factor = _bus_factors.get((kind, size))
@@ -328,13 +332,32 @@ class Pipeline:
                     outbox.wake.set()  # a full batch: let the exporter send it while we go on draining
             else:
                 health.dropped("span")
-        self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, rec[_ERROR] is not None, exemplar)
-        if self.meter is not None:
-            self.meter.collective(rec[_OP], gi.label, seconds, exemplar)
+        if timed:
+            self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, False, exemplar)
+            if self.meter is not None:
+                self.meter.collective(rec[_OP], gi.label, seconds, exemplar)
+        else:
+            counts = self.untimed.get((rec[_OP], gi.label))
+            if counts is None:
+                counts = self.untimed[(rec[_OP], gi.label)] = [0, 0]
+            counts[0] += 1
+            counts[1] += rec[_ERROR] is not None
         seq = rec[_SEQ]
         # A collective that failed did not complete: counting it would tell the hang report it completed later.
         if seq is not None and seq > gi.last_completed and rec[_END] != _END_UNFINISHED and rec[_ERROR] is None:
             gi.last_completed = seq
+
+    def collective_series(self) -> dict[tuple[str, str], Series]:
+        """The store's series with the untimed calls counted in (a series of those alone where no call of its
+        completed): calls and errors; the duration histogram's count is its buckets' (metrics.collective_metrics)."""
+        snap = self.store.snapshot()
+        for key, (calls, errors) in list(self.untimed.items()):
+            s = snap.get(key)
+            if s is None:
+                s = snap[key] = Series([0] * (len(self.bounds) + 1))
+            s.count += calls
+            s.errors += errors
+        return snap
 
     def stop_tracing(self) -> None:
         """This rank is not one of ``trace_ranks``: no span is sampled from now on, steps included (warnings,
@@ -409,7 +432,7 @@ class Pipeline:
 
     def metric_data(self) -> list[MetricData]:
         labels = self.base_labels
-        data = collective_metrics(self.store.snapshot(), labels, self.bounds) + self.framework.metric_data(labels)
+        data = collective_metrics(self.collective_series(), labels, self.bounds) + self.framework.metric_data(labels)
         for source in list(self.metric_sources):
             try:
                 data += source()

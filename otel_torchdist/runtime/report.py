@@ -36,7 +36,7 @@ def announce(cfg: Config, ident: Identity, destinations: list[str]) -> None:
 
 
 def summarize(cfg: Config, ident: Identity, pipeline: Pipeline, tracker: StepTracker, outlets: Outlets, started_at: float) -> None:
-    table = _summary.rows(pipeline.store.snapshot())
+    table = _summary.rows(pipeline.collective_series())
     drops = health.drops()
     errors = health.errors()
     step_stats = _summary.steps(pipeline.framework, tracker)

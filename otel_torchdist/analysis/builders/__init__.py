@@ -151,10 +151,13 @@ class Analyzer:
         if agg is None:
             agg = self.op_spans[key] = OpAgg()
         agg.count += 1
-        if c.error is None and c.end_source != n.END_UNFINISHED:  # what moved, as the bytes counters count it
+        if c.error is None and c.end_source != n.END_UNFINISHED:
+            # What moved and how long it took, as the metrics count them: a failed call's time (a 6 s timeout)
+            # is no transfer's, and made a row's bandwidth a hundred times too low.
             agg.bytes += c.message_size
-        agg.dur += c.duration_s
-        agg.sketch.add(c.duration_s)
+            agg.dur += c.duration_s
+            agg.timed += 1
+            agg.sketch.add(c.duration_s)
         meta = self.op_meta.get((c.op, c.group))
         if meta is None:
             self.op_meta[(c.op, c.group)] = [c.kind, c.group_size]

@@ -10,13 +10,14 @@ DEFAULT_GROUP = "default_pg"
 
 
 class OpAgg:
-    __slots__ = ("count", "errors", "bytes", "dur", "sketch")
+    __slots__ = ("count", "errors", "bytes", "dur", "timed", "sketch")
 
     def __init__(self) -> None:
         self.count = 0
         self.errors = 0
         self.bytes = 0
         self.dur = 0.0
+        self.timed = 0  # the calls in dur: those that completed (a failed or unfinished call's time is no transfer's)
         self.sketch = Sketch()
 
 

@@ -16,9 +16,10 @@ if TYPE_CHECKING:
 
 
 class _MetricOp:
-    __slots__ = ("count", "errors", "bytes", "bus", "dur", "bounds", "buckets")
+    __slots__ = ("count", "errors", "bytes", "bus", "dur", "timed", "bounds", "buckets")
 
     def __init__(self) -> None:
+        self.timed = 0  # the duration histogram's count: the calls in dur
         self.count = 0
         self.errors = 0
         self.bytes = 0
@@ -54,6 +55,7 @@ def _metric_ops(an: Analyzer, rank: int) -> dict[tuple[str, str], _MetricOp]:
         if isinstance(h, Histogram):
             m = slot(p)
             m.dur = h.sum
+            m.timed = h.count
             m.count = m.count or h.count
             m.bounds = h.bounds
             m.buckets = list(h.bucket_counts)
@@ -63,7 +65,7 @@ def _metric_ops(an: Analyzer, rank: int) -> dict[tuple[str, str], _MetricOp]:
 def build(an: Analyzer, run: RunInfo) -> OpsTable:
     ws = run.world_size
     # per (rank, op, group): the chosen source's numbers
-    contrib: dict[tuple[int, str, str], tuple[str, int, int, int, float, int | None, _MetricOp | None]] = {}
+    contrib: dict[tuple[int, str, str], tuple[str, int, int, int, float, int, int | None, _MetricOp | None]] = {}
     ranks = sorted(set(run.ranks))
     used_metrics: set[int] = set()
     used_spans: set[int] = set()
@@ -79,19 +81,19 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
             m = mops.get((op, group))
             s = an.op_spans.get((rank, op, group))
             if m is not None and (s is None or m.count >= s.count):
-                contrib[(rank, op, group)] = ("metrics", m.count, m.errors, m.bytes, m.dur, m.bus, m)
+                contrib[(rank, op, group)] = ("metrics", m.count, m.errors, m.bytes, m.dur, m.timed, m.bus, m)
                 used_metrics.add(rank)
             elif s is not None:
-                contrib[(rank, op, group)] = ("spans", s.count, s.errors, s.bytes, s.dur, None, None)
+                contrib[(rank, op, group)] = ("spans", s.count, s.errors, s.bytes, s.dur, s.timed, None, None)
                 used_spans.add(rank)
     rows: dict[tuple[str, str], dict[str, Any]] = {}
     per_rank: list[OpRow] = []
-    for (rank, op, group), (src, count, errors, nbytes, dur, bus, mop) in sorted(contrib.items()):
+    for (rank, op, group), (src, count, errors, nbytes, dur, timed, bus, mop) in sorted(contrib.items()):
         if count == 0:
             continue
         agg = rows.setdefault(
             (op, group),
-            {"ranks": set(), "count": 0, "errors": 0, "bytes": 0, "dur": 0.0, "bus": 0, "bus_known": True,
+            {"ranks": set(), "count": 0, "errors": 0, "bytes": 0, "dur": 0.0, "timed": 0, "bus": 0, "bus_known": True,
              "sources": set(), "buckets": None, "bounds": ()},
         )
         agg["ranks"].add(rank)
@@ -99,6 +101,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
         agg["errors"] += errors
         agg["bytes"] += nbytes
         agg["dur"] += dur
+        agg["timed"] += timed
         agg["sources"].add(src)
         if bus is None:
             agg["bus_known"] = False
@@ -113,7 +116,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
         if an.noise >= 2:
             sk = an.op_spans.get((rank, op, group))
             per_rank.append(
-                _op_row(an, op, group, ws, rank, {rank}, count, errors, nbytes, dur, bus, {src},
+                _op_row(an, op, group, ws, rank, {rank}, count, errors, nbytes, dur, timed, bus, {src},
                              sk.sketch if sk else None, list(mop.buckets) if mop else None, mop.bounds if mop else ())
             )
     out = []
@@ -123,7 +126,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
             sketch.merge(span_agg.sketch)
         out.append(
             _op_row(an, op, group, ws, None, agg["ranks"], agg["count"], agg["errors"], agg["bytes"], agg["dur"],
-                         agg["bus"] if agg["bus_known"] else None, agg["sources"], sketch, agg["buckets"], agg["bounds"])
+                         agg["timed"], agg["bus"] if agg["bus_known"] else None, agg["sources"], sketch, agg["buckets"], agg["bounds"])
         )
     out.sort(key=lambda r: (-r.total_s, r.op, r.group))
     per_rank.sort(key=lambda r: (r.op, r.group, r.rank))
@@ -148,7 +151,7 @@ def build(an: Analyzer, run: RunInfo) -> OpsTable:
     return OpsTable(source=source, rows=out, per_rank=per_rank, by_size=by_size)
 
 
-def _op_row(an: Analyzer, op, group, ws, rank, ranks, count, errors, nbytes, dur, bus, sources, sketch, buckets, bounds) -> OpRow:
+def _op_row(an: Analyzer, op, group, ws, rank, ranks, count, errors, nbytes, dur, timed, bus, sources, sketch, buckets, bounds) -> OpRow:
     kind, size = an.op_meta.get((op, group), [None, None])
     kind = kind or kind_of(op)
     if not size and group == DEFAULT_GROUP and ws:
@@ -178,7 +181,7 @@ def _op_row(an: Analyzer, op, group, ws, rank, ranks, count, errors, nbytes, dur
         # the bytes are those of the calls that did not fail (the counters' rule)
         mean_message_size=nbytes / (count - errors) if count > errors else 0.0,
         total_s=dur,
-        mean_s=dur / count if count else 0.0,
+        mean_s=dur / timed if timed else 0.0,  # over the calls that completed, whose time dur holds
         p50_s=p50,
         p99_s=p99,
         quantiles_from=qfrom,
