@@ -445,6 +445,16 @@ def test_a_sampled_runs_step_time_is_the_metrics_mean_of_every_step_not_the_trac
     assert builders.steps_table(every).step_time_s == pytest.approx(warm)
 
 
+def test_a_steps_collectives_per_rank_round_up_and_spans_alone_claim_no_metrics():
+    """One rank's one collective in a step of two ranks showed 0; a Jaeger download (spans alone) said
+    "totals: metrics"."""
+    records = resources(2) + [rank_step(r, 1, dur=0.1, compute=0.05, wait=0.05, trace="t1") for r in range(2)]
+    records.append(coll(1, seq=1, n_ranks=2, trace="t1"))
+    table = builders.steps_table(records)
+    assert table.rows[0].collectives == 1
+    assert table.source.endswith("; no step metrics") and "totals: metrics" not in table.source
+
+
 # ------------------------------------------------------------------------------------- compare
 def _report_with(world: int, step_s: float, busbw: float) -> report.Report:
     recs = list(resources(world))

@@ -44,8 +44,9 @@ def build(an: Analyzer) -> StepsTable:
                 mean_wait_s=mean_w,
                 comm_share=(mean_w / mean_d) if (mean_w is not None and mean_d > 0) else None,
                 async_share=(async_s / total_s) if total_s > 0 else None,
-                collectives=round(count / len(ranks)) if count else int(
-                    sum(s.collectives or 0 for s in ranks.values()) / len(ranks)
+                # per rank, rounded up: one rank's one collective in a step of two ranks is not 0
+                collectives=-(-count // len(ranks)) if count else -(
+                    -sum(s.collectives or 0 for s in ranks.values()) // len(ranks)
                 ),
                 slowest_rank=slow.rank if (slow is not None and len(ranks) > 1) else None,
                 start_ns=min(s.start_ns for s in ranks.values()),
@@ -123,7 +124,7 @@ def build(an: Analyzer) -> StepsTable:
         step_ranks = sorted({r for ranks in an.rank_steps.values() for r in ranks})
         source = (
             f"{len(rows)} traced step{'s' if len(rows) != 1 else ''} (train.rank_step spans of rank{'s' if len(step_ranks) > 1 else ''} "
-            f"{fmt_ranks(step_ranks)}); totals: metrics, every step"
+            f"{fmt_ranks(step_ranks)})" + ("; totals: metrics, every step" if totals else "; no step metrics")
         )
     elif totals:
         source = "no traced steps; totals: metrics, every step"

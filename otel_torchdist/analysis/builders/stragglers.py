@@ -78,7 +78,7 @@ def build(an: Analyzer, run: RunInfo) -> Stragglers:
         source = (
             f"steps: {n_steps} traced train.rank_step spans per rank"
             + (f" (step {first[0]}, which holds set-up, left out)" if first is not None else "")
-            + "; totals: metrics (every step)"
+            + ("; totals: metrics (every step)" if totals else "; no step metrics")
         )
     elif totals:
         source = "steps: the metrics' totals (every step, the first one's set-up included)"
