@@ -17,6 +17,7 @@ own, and nothing is silently replaced by a default.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 from collections.abc import Mapping
 from dataclasses import dataclass, field
@@ -595,6 +596,15 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
     while True:
         try:
             cfg = Config(**values).validate()
+            if cfg.span_batch_size > cfg.span_queue_size:
+                # The SDK's BatchSpanProcessor refuses this pair (a ValueError in its configurator); a batch
+                # is never larger than the queue it is taken from.
+                logging.getLogger("otel_torchdist").warning(
+                    "otel-torchdist: span_batch_size (OTEL_BSP_MAX_EXPORT_BATCH_SIZE) %d is larger than span_queue_size "
+                    "(OTEL_BSP_MAX_QUEUE_SIZE) %d, a pair the OpenTelemetry SDK refuses: batches of %d spans at most",
+                    cfg.span_batch_size, cfg.span_queue_size, cfg.span_queue_size,
+                )  # fmt: skip
+                cfg.span_batch_size = cfg.span_queue_size
             signal_refused = frozenset(refused & _SIGNAL_FIELDS)
             if signal_refused:
                 cfg._refused = signal_refused
