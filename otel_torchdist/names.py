@@ -344,6 +344,9 @@ STEP = "torchdist.step"  # the step index
 STEP_SOURCE = "torchdist.step.source"  # optimizer | explicit
 STEP_OCCURRENCE = "torchdist.step.occurrence"  # times this step number began before on the rank (when > 0)
 STEP_SETUP = "torchdist.step.setup"  # true on the rank's first step, which holds its set-up
+# true on a traced step the step metrics leave out: the tail after the last optimizer step, the set-up step
+# explicit steps took over (it never had an optimizer step)
+STEP_UNCOUNTED = "torchdist.step.uncounted"
 STEP_RANKS_TIMED = "torchdist.step.ranks_timed"  # on train.step: the ranks whose step times its interval covers
 STEP_DURATION = "torchdist.step.duration_s"
 STEP_COMPUTE = "torchdist.step.compute_s"  # step time not spent blocked in collectives
@@ -370,6 +373,7 @@ STEP_SPAN_ATTRIBUTES = (
     STEP_SOURCE,
     STEP_OCCURRENCE,
     STEP_SETUP,
+    STEP_UNCOUNTED,
     STEP_RANKS_TIMED,
     STEP_DURATION,
     STEP_COMPUTE,
@@ -770,6 +774,10 @@ SYSTEM_METRICS = (
 )
 
 METRICS = COLLECTIVE_METRICS + TELEMETRY_METRICS + TRAINING_PATH_METRICS + STEP_METRICS + SYSTEM_METRICS
+# Counters whose totals are the process's or the device's, not an instrumentation's: they go on by
+# themselves across uninstrument() and instrument() (the MeterProvider bridge adds the earlier
+# instrumentations' totals to the others, which start again from 0).
+PROCESS_TOTALS = (TELEMETRY_DROPPED, TELEMETRY_ERRORS, GPU_ECC_ERRORS, CUDA_OOM_RETRIES, PROCESS_CPU_TIME)
 
 # Seconds. Spans 10 µs (a small CPU collective) to 10 min (a hang being noticed).
 DURATION_BUCKETS = (

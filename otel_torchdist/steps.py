@@ -269,6 +269,7 @@ class StepTracker:
         self._recent = _Recent(101)
         self._bound: tuple | None = None  # the step series, bound in the pipeline's FrameworkMetrics (drain/step_close.py)
         self._last_slow_warning = -10**9
+        self._began_in: Any = None  # the caller's context the last step began in (_around)
         # The optimizer whose steps close training steps, and what the others did since its last (_closes).
         self._lead: Any = None  # weak reference
         self._settled = False
@@ -356,7 +357,7 @@ class StepTracker:
             if took_over and ctx is not None:
                 # The explicit step begins here, in the caller's context of now (the set-up step it takes
                 # over began before the program's spans, at the first process group).
-                ctx = ctx[: S.AROUND] + (caller.get_current() or None,) + ctx[S.AROUND + 1 :]
+                ctx = ctx[: S.AROUND] + (self._around(),) + ctx[S.AROUND + 1 :]
                 R.STEP[0] = R.RECENT_STEPS[ctx[S.SERIAL] & _RECENT_MASK] = ctx
             if parent is not None and ctx is not None:
                 # Under the caller's span; it still names the shared root (a link).
@@ -385,10 +386,18 @@ class StepTracker:
         trace = ids[0]
         # capture/step_context.py's fields, in one literal (every step)
         _STEP[0] = _RECENT_STEPS[serial & _RECENT_MASK] = (
-            serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence, caller.get_current() or None
+            serial, trace, ids[1], ids[2], ids[3], None, trace, index, occurrence, self._around()
         )  # fmt: skip
         R.SLOTS[0] = serial + 1  # 0 is "no step" (the native capture reads it)
         return index
+
+    def _around(self) -> Any:
+        """The step's AROUND (capture/step_context.py): the caller's context, where the last step began in it
+        too (a span around the loop, a job's); None for a span that began since (an iteration's: a step that
+        begins inside it, at its optimizer step or its batch, leaves the rest of the iteration to it)."""
+        current = caller.get_current() or None
+        began_in, self._began_in = self._began_in, current
+        return current if current is not None and current is began_in else None
 
     def _ids_of(self, index: int, occurrence: int) -> tuple[int, int, bool, int]:
         """(trace id, this rank's span id, sampled, root span id) of the ``occurrence``-th repeat of step

@@ -177,7 +177,7 @@ def test_span_names_and_attributes_of_training_paths_and_steps_are_frozen():
         "torchdist.sharding.placements_before", "torchdist.sharding.placements_after", "torchdist.sharding.mesh_shape",
         "torchdist.sharding.mesh_dim_names", "torchdist.sharding.plan", "torchdist.checkpoint.id",
         "torchdist.checkpoint.bytes", "torchdist.checkpoint.tensors", "torchdist.checkpoint.async",
-        "torchdist.step", "torchdist.step.source", "torchdist.step.occurrence", "torchdist.step.setup",
+        "torchdist.step", "torchdist.step.source", "torchdist.step.occurrence", "torchdist.step.setup", "torchdist.step.uncounted",
         "torchdist.step.ranks_timed",
         "torchdist.step.duration_s", "torchdist.step.compute_s", "torchdist.step.collective_wait_s",
         "torchdist.step.collectives", "torchdist.step.message_bytes", "torchdist.step.loss",

@@ -271,9 +271,10 @@ def test_a_span_around_the_whole_loop_leaves_each_steps_collectives_in_that_step
     assert sorted(steps.values()) == [1, 2, 3]
     job = next(s for s in finished if _name(s) == "job")
     held = sorted(str(steps.get(s.parent.span_id, "job" if s.parent.span_id == job.context.span_id else "?")) for s in collectives)
-    # Unmarked, step 1 is the set-up step, begun at the first process group: the job's span began inside
-    # it, so its collectives are that span's children, as any span the program opens inside a step.
-    assert held == (["1", "1", "2", "2", "3", "3"] if marked else ["2", "2", "3", "3", "job", "job"])
+    # A span is the loop's once two steps began in it: the first step that began in the job's span (step 1
+    # marked, step 2 unmarked: step 1, the set-up step, began at the process group) leaves its collectives
+    # to that span, as to a span of an iteration.
+    assert held == (["2", "2", "3", "3", "job", "job"] if marked else ["3", "3", "job", "job", "job", "job"])
     for s in finished:
         assert s.parent is None or s.parent.span_id in by_id, _name(s)
 
@@ -531,10 +532,14 @@ def test_instrumenting_again_continues_the_counters_and_repeats_no_ids(fake_pg, 
     instrument() advises to change options): the second's steps had the first's trace and span ids, its
     collectives hung in the first's trees, and the counters, the provider's instruments with their start
     time, went back (steps 3 -> 2) where the histogram went on (3 -> 5)."""
+    from otel_torchdist import health
+
     tp, mp, spans, reader = _providers()
     for steps in (3, 2):
         instrumented(tracer_provider=tp, meter_provider=mp)
         _steps(steps)
+        if steps == 3:
+            health.dropped("span")  # a process-wide total: it goes on by itself, and must not be added twice
         otel_torchdist.uninstrument()
     finished = spans.get_finished_spans()
     ids = [(s.context.trace_id, s.context.span_id) for s in finished]
@@ -545,3 +550,29 @@ def test_instrumenting_again_continues_the_counters_and_repeats_no_ids(fake_pg, 
     assert steps_point.value >= 5  # the set-up steps besides
     calls = _by_op(points[n.COLLECTIVE_CALLS.name])["all_reduce"].value
     assert calls == _by_op(points[n.COLLECTIVE_DURATION.name])["all_reduce"].count == 5
+    (dropped,) = [p.value for p in points[n.TELEMETRY_DROPPED.name] if p.attributes[n.M_KIND] == "span"]
+    assert dropped == health.drops()["span"]
+
+
+def test_a_span_per_iteration_keeps_its_collectives_when_the_next_step_begins_inside_it(fake_pg, instrumented):
+    """Optimizer-closed steps with no DataLoader begin at the end of optimizer.step(), inside the
+    iteration's span: taken for a span around the loop, the collectives the iteration issued after its
+    optimizer step (a loss all-reduced for logging) were the next, untraced step's, and dropped (1 of 10)."""
+    tp, _, spans, _ = _providers()
+    instrumented(tracer_provider=tp, trace_first_steps=2, trace_every_steps=100)
+    model = torch.nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    tracer = tp.get_tracer("my.loop")
+    for _ in range(10):
+        with tracer.start_as_current_span("iteration"):
+            model(torch.ones(2, 4)).sum().backward()
+            dist.all_reduce(torch.ones(3))
+            opt.step()
+            opt.zero_grad()
+            dist.all_reduce(torch.ones(5))  # after the optimizer step
+    otel_torchdist.uninstrument()
+    finished = spans.get_finished_spans()
+    iterations = {s.context.span_id for s in finished if _name(s) == "iteration"}
+    for size in (12, 20):
+        mine = [s for s in finished if _name(s) == "all_reduce" and s.attributes[n.COLL_MESSAGE_SIZE] == size]
+        assert len(mine) == 10 and all(s.parent.span_id in iterations for s in mine), size

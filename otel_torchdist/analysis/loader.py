@@ -214,6 +214,7 @@ def span_record(
                 duration_s=float(a.get(n.STEP_DURATION, (end_ns - start_ns) / 1e9)),
                 occurrence=int(a.get(n.STEP_OCCURRENCE, 0)),
                 setup=a.get(n.STEP_SETUP) is True,
+                counted=a.get(n.STEP_UNCOUNTED) is not True,
                 compute_s=a.get(n.STEP_COMPUTE),
                 wait_s=a.get(n.STEP_COLLECTIVE_WAIT),
                 collectives=a.get(n.STEP_COLLECTIVES),

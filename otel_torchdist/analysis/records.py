@@ -85,6 +85,8 @@ class RankStep:
     """How many times the rank began this step number before (epochs numbered again, evaluation steps)."""
     setup: bool = False
     """The rank's first step, which holds its set-up."""
+    counted: bool = True
+    """In the step metrics' totals (``torchdist.step.uncounted`` absent)."""
     compute_s: float | None = None
     wait_s: float | None = None
     collectives: int | None = None

@@ -18,9 +18,10 @@ PARENT = 5  # (trace id, span id) of the caller's span around the step, or None
 SHARED = 6  # the step's shared trace id, which every rank derives alike (the root's trace)
 INDEX = 7  # the step's number, as the program gave it (or counted from 1)
 OCCURRENCE = 8  # how many times this number was begun before on this rank
-# The caller's OpenTelemetry Context current when the step began (None: an empty one): a collective made in
-# it, under a span of the program's around the whole loop, is the step's, not that span's child, and is
-# traced as the step is (export/caller_context.py); a span the program opens inside the step stays its parent.
+# The caller's OpenTelemetry Context current when the step began, where the step before began in it too (a
+# span of the program's around the loop; else None: steps.StepTracker._around): a collective made in it is
+# the step's, not that span's child, and is traced as the step is (export/caller_context.py); a span the
+# program opens inside the step, or around one iteration, stays its parent.
 AROUND = 9
 FIELDS = 10
 

@@ -45,6 +45,7 @@ def close_step(pipeline: Any, ctx: tuple, t0: int, t1: int, source, user, backwa
     if final and source == "optimizer" or error:
         if error or sampled and count:
             info = _info(ctx, t0, t1, source, values, backward, error)
+            info["uncounted"] = True
             _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nbytes)
         return
     fw = pipeline.framework
@@ -140,6 +141,8 @@ def _emit_step_spans(pipeline, tracker, info, duration, compute, wait, count, nb
         attrs.append((n.STEP_OCCURRENCE, info["occurrence"]))
     if info["serial"] == 1:
         attrs.append((n.STEP_SETUP, True))
+    if info.get("uncounted"):
+        attrs.append((n.STEP_UNCOUNTED, True))
     for key, attr in (
         ("loss", n.STEP_LOSS),
         ("learning_rate", n.STEP_LR),

@@ -92,12 +92,12 @@ class _Instruments:
         the gauges report their last values until then."""
         with self._lock:
             for md in final:
-                if md.metric.instrument == "counter":
+                if md.metric.instrument == "counter" and md.metric not in n.PROCESS_TOTALS:
                     base = self.base.setdefault(md.metric.name, {})
                     for p in md.points:
                         key = frozenset(p.attributes.items())
                         base[key] = base.get(key, 0) + p.value
-            gauges = [md for md in final if md.metric.instrument == "gauge"]
+            gauges = [md for md in final if md.metric.instrument == "gauge" or md.metric in n.PROCESS_TOTALS]
             self.source = lambda: gauges
             self._taken = 0.0
 

@@ -67,12 +67,12 @@ def build(an: Analyzer) -> StepsTable:
     if steady is not None:
         # Sampled runs trace the first steps and every hundredth: their median is mostly warm-up. The
         # metrics count every step; the traced set-up step is taken out of them.
-        step_time, step_compute, step_wait, setup_out = steady
+        step_time, step_compute, step_wait, setup_out, over = steady
         statistic = "mean"
         if setup_out:
-            step_from = f"mean of the {counted - 1} steps after the set-up step (metrics, every step; {len(rows)} traced)"
+            step_from = f"mean of the {over} steps after the set-up step (metrics, every step; {len(rows)} traced)"
         else:
-            step_from = f"mean of all {counted} steps (metrics, every step, the first's set-up included; {len(rows)} traced)"
+            step_from = f"mean of all {over} steps (metrics, every step, the first's set-up included; {len(rows)} traced)"
     elif len(usable) >= 3:
         statistic = "median"
         step_time = statistics.median(r.duration_s for r in usable)
@@ -146,24 +146,25 @@ def build(an: Analyzer) -> StepsTable:
     )
 
 
-def _steady_means(an: Analyzer, totals: list, first: tuple | None) -> tuple[float, float, float, bool] | None:
-    """(step time, compute, wait, set-up left out) from the metrics' totals: per rank the totals less its traced
-    set-up step, over the other steps; the slowest rank's step time (ranks wait for each other), the split of
-    that rank. None without totals."""
+def _steady_means(an: Analyzer, totals: list, first: tuple | None) -> tuple[float, float, float, bool, int] | None:
+    """(step time, compute, wait, set-up left out, steps) from the metrics' totals: per rank the totals less its
+    traced set-up step (where the totals hold it: a set-up step explicit steps took over is not a training
+    step, and is in none), over the other steps; the slowest rank's step time (ranks wait for each other),
+    the split of that rank. None without totals."""
     setup = an.rank_steps.get(first, {}) if first is not None else {}
     best = None
     for t in totals:
         if not t.steps:
             continue
         s = setup.get(t.rank)
-        out = s is not None and t.steps > 1
         total, compute, wait, steps = t.total_s, t.compute_s, t.wait_s, t.steps
-        if out:
+        out = s is not None and (not s.counted or steps > 1)
+        if s is not None and s.counted and steps > 1:
             total -= s.duration_s
             compute -= s.compute_s or 0.0
             wait -= s.wait_s or 0.0
             steps -= 1
-        row = (total / steps, max(compute, 0.0) / steps, max(wait, 0.0) / steps, out)
+        row = (total / steps, max(compute, 0.0) / steps, max(wait, 0.0) / steps, out, steps)
         if best is None or row[0] > best[0]:
             best = row
     return best
