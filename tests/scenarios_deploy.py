@@ -20,7 +20,9 @@ Faults present for the whole run:
 * straggler: rank 1 sleeps ``straggle_s`` at the start of every step, before its collectives, so rank 0
   waits for it in DDP's gradient all-reduce;
 * telemetry dropped: rank 1 has a one-span export queue and pushes metrics to an OTLP endpoint nobody
-  listens on (drops of kind span and metric_batch, errors of kind export).
+  listens on (drops of kind span and metric_batch, errors of kind export);
+* failed collectives: rank 1 calls an all-reduce with a reduce op that does not exist every 20 steps (it
+  raises at once, on that rank alone, before any transfer).
 """
 
 from __future__ import annotations
@@ -134,6 +136,11 @@ def training(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
                 dist.all_gather_single(gathered, torch.tensor([loss.item(), float(steps)]))
             if steps % 10 == 0:
                 dist.broadcast(torch.ones(512), src=0, group=pair)
+            if rank == 1 and steps % 20 == 3:
+                try:
+                    dist.all_reduce(torch.ones(1), op="no such op")
+                except Exception:
+                    pass
             steps += 1
             time.sleep(args["pace_s"])
 

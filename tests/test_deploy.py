@@ -254,6 +254,7 @@ def test_promtool_unit_tests_fire_every_alert(promtool):
     tested = {t["alertname"] for case in cases for t in case.get("alert_rule_test", []) if t["exp_alerts"]}
     alerts = {c.case_id.removeprefix("alert/") for c in sd.rule_exprs() if c.kind == "alert"}
     assert alerts == {
+        "TorchdistCollectiveErrors",
         "TorchdistStraggler",
         "TorchdistCollectiveHang",
         "TorchdistLowGpuUtilization",
@@ -331,6 +332,7 @@ ALERT_SERIES = {
     "alert/TorchdistStraggler": lambda r: _labels(r, "rank") == {("1",)},
     "alert/TorchdistTelemetryDropped": lambda r: _labels(r, "rank", "kind") == {("1", "span"), ("1", "metric_batch")},
     "alert/TorchdistTelemetryErrors": lambda r: _labels(r, "rank", "kind") == {("1", "export")},
+    "alert/TorchdistCollectiveErrors": lambda r: _labels(r, "rank", "op") == {("1", "all_reduce")},
     "alert/TorchdistLowGpuUtilization": lambda r: _labels(r, "rank", "gpu") == {("1", "1")},
     "record/torchdist:straggler_score:collective_rate5m": lambda r: _top_rank(r) == "1",
     "record/torchdist:straggler_score:step_rate5m": lambda r: _top_rank(r) == "1",
@@ -384,6 +386,7 @@ def test_prometheus_loaded_and_evaluates_every_rule(stack):
         ("TorchdistStraggler", "1"),
         ("TorchdistTelemetryDropped", "1"),
         ("TorchdistTelemetryErrors", "1"),
+        ("TorchdistCollectiveErrors", "1"),
         ("TorchdistLowGpuUtilization", "1"),
     }
     wait_for(lambda: expected <= active(), 30, what="the alerts of the injected faults to be pending or firing")

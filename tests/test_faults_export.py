@@ -44,7 +44,7 @@ import pytest
 from otel_torchdist import names as n
 
 from . import scenarios_faults_export as sc
-from .harness import REPO, finish_ranks, free_port, launcher_log, library_log, start_ranks, wait_for
+from .harness import REPO, finish_ranks, free_port, last_metrics, launcher_log, library_log, start_ranks, wait_for
 from .peers import _ANSI, Rotel, _rotel_value, parse_rotel
 
 _FOREIGN_ENV = ("OTEL_", "TORCHELASTIC_", "SLURM_")
@@ -565,6 +565,11 @@ def test_the_end_of_a_job_waits_one_flush_timeout_for_a_collector_that_never_ans
     for rank in range(2):
         done = float(open(os.path.join(out, f"exit.rank{rank}")).read())
         assert done - results[rank]["t_last"] < flush_timeout + 1.0, f"rank {rank} waited {done - results[rank]['t_last']:.1f} s"
+        # The run's last metrics still reach the run folder, and the hole's share is counted: the span export,
+        # stuck on the hole, took the whole flush, and the metrics went nowhere, uncounted.
+        metrics = last_metrics(os.path.join(out, "runs", "ddp-hole", f"metrics.rank{rank}.jsonl"))
+        assert sum(int(p["asInt"]) for p in metrics[n.COLLECTIVE_CALLS.name]) >= 3, metrics.get(n.COLLECTIVE_CALLS.name)
+        assert _summary(out, "ddp-hole", rank)["dropped"].get("metric_batch", 0) >= 1
     assert hole.connections, "the ranks did try to export"
 
 
@@ -1089,3 +1094,24 @@ def test_a_file_that_cannot_be_rotated_keeps_every_line(tmp_path):
     assert [json.loads(line)["i"] for line in lines] == list(range(20))
     assert sum("could not rotate" in x for x in logged) == 1
     assert health.errors().get("export") == 1
+
+
+def test_a_failing_run_folder_file_is_said_once_while_the_other_file_still_writes(tmp_path, caplog):
+    """The traces file failing (a file size limit, a read-only remount) while the smaller metrics file still
+    wrote: the one failure log of the folder said "failing" and "recovered" at every batch."""
+    import logging
+
+    from otel_torchdist.drain.metrics import MetricStore, collective_metrics
+    from otel_torchdist.export.sinks import FileSink
+
+    sink = FileSink(str(tmp_path), 0, traces=True, metrics=True)
+    os.mkdir(sink.traces_path)  # every open of the traces file fails
+    store = MetricStore()
+    store.observe("all_reduce", "default_pg", 0.001, 16, 16.0, False)
+    with caplog.at_level(logging.WARNING, logger="otel_torchdist"):
+        for i in range(3):
+            assert not sink.export_span_fragments({"service.name": "f"}, [])
+            assert sink.export_metrics({"service.name": "f"}, collective_metrics(store.snapshot(), {}), 1, 2 + i)
+    said = [r.getMessage() for r in caplog.records]
+    assert len([m for m in said if "is failing" in m]) == 1 and sink.traces_path in said[0], said
+    assert not [m for m in said if "recovered" in m], said

@@ -226,6 +226,7 @@ ALERTS = {
     # nothing was lost and no rank went silent
     "TorchdistTelemetryDropped": set(),
     "TorchdistTelemetryErrors": set(),
+    "TorchdistCollectiveErrors": set(),
     "TorchdistRankSilent": set(),
 }
 

@@ -597,14 +597,14 @@ def load(options: Mapping[str, Any] | None = None, environ: Mapping[str, str] | 
         try:
             cfg = Config(**values).validate()
             if cfg.span_batch_size > cfg.span_queue_size:
-                # The SDK's BatchSpanProcessor refuses this pair (a ValueError in its configurator); a batch
-                # is never larger than the queue it is taken from.
+                # The SDK's BatchSpanProcessor refuses this pair (a ValueError in its configurator); here a
+                # batch is never larger than the queue, so spans go every span_schedule_delay.
                 logging.getLogger("otel_torchdist").warning(
                     "otel-torchdist: span_batch_size (OTEL_BSP_MAX_EXPORT_BATCH_SIZE) %d is larger than span_queue_size "
-                    "(OTEL_BSP_MAX_QUEUE_SIZE) %d, a pair the OpenTelemetry SDK refuses: batches of %d spans at most",
-                    cfg.span_batch_size, cfg.span_queue_size, cfg.span_queue_size,
+                    "(OTEL_BSP_MAX_QUEUE_SIZE) %d, a pair the OpenTelemetry SDK refuses: the queue is exported whole "
+                    "every span_schedule_delay (OTEL_BSP_SCHEDULE_DELAY), and spans beyond it are dropped",
+                    cfg.span_batch_size, cfg.span_queue_size,
                 )  # fmt: skip
-                cfg.span_batch_size = cfg.span_queue_size
             signal_refused = frozenset(refused & _SIGNAL_FIELDS)
             if signal_refused:
                 cfg._refused = signal_refused

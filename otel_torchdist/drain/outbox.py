@@ -293,12 +293,21 @@ class Outbox:
             else:
                 health.dropped("span")
 
-    def export_metrics(self, timeout: float) -> bool:
+    def export_metrics(self, timeout: float, final: bool = False) -> bool:
+        """A snapshot to every metric sink within ``timeout``. ``final`` (a flush): where the metrics thread
+        holds the lock, stuck on a network sink, the snapshot still goes to the local sinks (the run folder:
+        they lock their own files), and each network sink's share counts as dropped."""
         if self.resource is None or not self.metric_sinks:
             return True
         ok = True
         deadline = time.monotonic() + timeout
         if not self.metric_lock.take(timeout):
+            if not final:
+                return False
+            data, now = self.metric_data(), time_ns()
+            for sink in self.metric_sinks:
+                if not (getattr(sink, "local", False) and sink.export_metrics(self.resource, data, self.start_ns, now, timeout=timeout)):
+                    health.dropped("metric_batch")
             return False
         try:
             data = self.metric_data()

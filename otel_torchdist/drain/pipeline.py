@@ -455,12 +455,11 @@ class Pipeline:
         deadline = time.monotonic() + timeout
         self.drain(force)
         outbox = self.outbox
-        ok = outbox.export_spans(deadline)
-        remaining = deadline - time.monotonic()
-        if remaining > 0:
-            ok = outbox.export_metrics(remaining) and ok
-        else:
-            ok = False
+        # The metrics first, within half the time, then the spans with the rest: a traces endpoint that never
+        # answers held the span export (its lock) for the whole time, and the run's last metrics went nowhere,
+        # uncounted, not even to the run folder or to a metrics endpoint that was up.
+        ok = outbox.export_metrics(max(0.0, deadline - time.monotonic()) / 2, final=True)
+        ok = outbox.export_spans(deadline) and ok
         # What went to an application's providers: their processors and readers hold it until they export.
         for part in [s for s in outbox.span_sinks if s.span_format == "data"] + ([self.meter] if self.meter else []):
             ok = part.flush(deadline - time.monotonic()) and ok

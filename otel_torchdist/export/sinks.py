@@ -34,6 +34,8 @@ _log = logging.getLogger("otel_torchdist")
 
 class Sink:
     name = "sink"
+    local = False
+    """Writes on this machine (the run folder, the console): never stuck on a network."""
     span_format: str | None = None
     """How this sink wants spans encoded (``pb`` or ``json``, see ``otlp.SPAN_ENCODERS``); None: no spans."""
     hands_over = False
@@ -163,6 +165,7 @@ class FileSink(Sink):
     A file that would pass ``max_bytes`` is rotated to ``rotated_path`` (one generation kept)."""
 
     name = "file"
+    local = True
 
     def __init__(self, folder: str, rank: int, traces: bool, metrics: bool, max_bytes: int = 0) -> None:
         self.span_format = "json" if traces else None
@@ -174,7 +177,8 @@ class FileSink(Sink):
         self._files: dict[str, Any] = {}
         self._unrotatable: set[str] = set()
         self._rotated = False
-        self._failures = _FailureLog(f"to {folder}")
+        # One per file: a metrics line written fine said the failing traces file "recovered", every batch.
+        self._failures = {path: _FailureLog(f"to {path}") for path in (self.traces_path, self.metrics_path) if path}
 
     def _write(self, path: str, line: str) -> bool:
         return self._write_pieces(path, [(line + "\n").encode()])
@@ -192,9 +196,9 @@ class FileSink(Sink):
                         f = self._rotate(path, f)
                 _append_whole(f.fileno(), pieces)
         except Exception as exc:
-            self._failures.failed(f"{type(exc).__name__}: {exc}")
+            self._failures[path].failed(f"{type(exc).__name__}: {exc}")
             return False
-        self._failures.succeeded()
+        self._failures[path].succeeded()
         return True
 
     def _rotate(self, path: str, f: Any) -> Any:
@@ -259,6 +263,7 @@ class ConsoleSink(Sink):
     """OTLP/JSON to stdout, like the SDK's console exporters."""
 
     name = "console"
+    local = True
 
     def __init__(self, traces: bool, metrics: bool) -> None:
         self.span_format = "json" if traces else None
@@ -645,24 +650,26 @@ def build(
     """The span sinks and metric sinks ``cfg`` asks for (``traces`` / ``metrics`` False: none for that
     signal, which goes through a provider of the application's instead), and the run folder's copy of both
     (``run_folder_copy``) when ``copy`` (the folder exists)."""
+    # The run folder first: a network sink stuck in a request (a collector that never answers) holds the
+    # export's lock for its timeout, and the local copy must not wait behind it.
     span_sinks: list[Sink] = []
     metric_sinks: list[Sink] = []
     traces = cfg.resolved_traces_exporter() if traces else ()
     metrics = cfg.resolved_metrics_exporters() if metrics else ()
     if copy:
         traces, metrics = cfg.with_run_folder_copy(traces), cfg.with_run_folder_copy(metrics)
-    if "otlp" in traces:
-        proto = cfg.traces_protocol or cfg.protocol
-        span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
-    if "otlp" in metrics:
-        proto = cfg.metrics_protocol or cfg.protocol
-        metric_sinks.append(OtlpGrpcSink(cfg, "metrics") if proto == "grpc" else OtlpHttpSink(cfg, "metrics", proto))
     if "file" in traces or "file" in metrics:
         sink = FileSink(folder, rank, "file" in traces, "file" in metrics, cfg.file_max_bytes)
         if "file" in traces:
             span_sinks.append(sink)
         if "file" in metrics:
             metric_sinks.append(sink)
+    if "otlp" in traces:
+        proto = cfg.traces_protocol or cfg.protocol
+        span_sinks.append(OtlpGrpcSink(cfg, "traces") if proto == "grpc" else OtlpHttpSink(cfg, "traces", proto))
+    if "otlp" in metrics:
+        proto = cfg.metrics_protocol or cfg.protocol
+        metric_sinks.append(OtlpGrpcSink(cfg, "metrics") if proto == "grpc" else OtlpHttpSink(cfg, "metrics", proto))
     if "console" in traces or "console" in metrics:
         sink = ConsoleSink("console" in traces, "console" in metrics)
         if "console" in traces:
