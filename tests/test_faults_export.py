@@ -1115,3 +1115,43 @@ def test_a_failing_run_folder_file_is_said_once_while_the_other_file_still_write
     said = [r.getMessage() for r in caplog.records]
     assert len([m for m in said if "is failing" in m]) == 1 and sink.traces_path in said[0], said
     assert not [m for m in said if "recovered" in m], said
+
+
+def test_a_signal_handlers_flush_inside_a_flush_of_the_same_thread_does_not_wait_on_itself(tmp_path):
+    """A SIGTERM handler's flush (a program's handler chained) while the same thread writes the run folder's
+    metrics: the final snapshot's way around a stuck export took the file's lock this thread held, for ever.
+    In a subprocess, so that a hang is a timeout, not a stuck suite."""
+    import subprocess
+    import sys
+    import textwrap
+
+    script = textwrap.dedent(
+        f"""
+        import os, signal, threading
+        from otel_torchdist.config import load
+        from otel_torchdist.drain.outbox import Outbox
+        from otel_torchdist.export import sinks
+        box = Outbox(load({{}}, {{}}), threading.Lock(), lambda: [])
+        box.resource = {{"service.name": "x"}}
+        box.metric_sinks = [sinks.FileSink({str(tmp_path)!r}, 0, traces=True, metrics=True)]
+        write, fired = sinks._append_whole, []
+        def append(fd, pieces):
+            if not fired:  # the signal lands while this thread writes the metrics file
+                fired.append(1)
+                os.kill(os.getpid(), signal.SIGUSR1)
+            return write(fd, pieces)
+        sinks._append_whole = append
+        from otel_torchdist.export import otlp
+        from otel_torchdist.telemetry import SpanData
+        box.set_destination(box.resource, box.metric_sinks, box.metric_sinks, otlp.SPAN_ENCODERS)
+        box.enqueue(SpanData("all_reduce", 1, 2, None, 10, 20, []))
+        def flush(*_):  # what Pipeline.flush does: the metrics, then the spans (to the other file)
+            print("inner", box.export_metrics(0.2, final=True), box.export_spans(time.monotonic() + 0.2), flush=True)
+        signal.signal(signal.SIGUSR1, flush)
+        print("outer", box.export_metrics(1.0), flush=True)
+        """
+    )
+    done = subprocess.run([sys.executable, "-c", "import time" + script], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split() == ["inner", "False", "True", "outer", "True"], done.stdout
+    assert os.path.getsize(tmp_path / "traces.rank0.jsonl") > 0  # the span went to its own file

@@ -36,6 +36,7 @@ class ExportLock:
         self._lock = threading.Lock()
         self._turn = 0  # incremented by every holder
         self._abandoned = -1
+        self.holder: int | None = None  # the holding thread's ident
 
     @property
     def stuck(self) -> bool:
@@ -47,11 +48,13 @@ class ExportLock:
             timeout = 0.0
         if self._lock.acquire(timeout=max(timeout, 0.0)):
             self._turn += 1
+            self.holder = threading.get_ident()
             return True
         self._abandoned = self._turn
         return False
 
     def release(self) -> None:
+        self.holder = None
         self._lock.release()
 
 
@@ -302,7 +305,9 @@ class Outbox:
         ok = True
         deadline = time.monotonic() + timeout
         if not self.metric_lock.take(timeout):
-            if not final:
+            # Only past another thread's stuck export: this thread holding it is a flush interrupted by a
+            # signal handler's flush, inside a sink's own lock it would wait on for ever.
+            if not final or self.metric_lock.holder == threading.get_ident():
                 return False
             data, now = self.metric_data(), time_ns()
             for sink in self.metric_sinks:

@@ -173,7 +173,9 @@ class FileSink(Sink):
         self.max_bytes = max_bytes
         self.traces_path = os.path.join(folder, f"traces.rank{rank}.jsonl") if traces else None
         self.metrics_path = os.path.join(folder, f"metrics.rank{rank}.jsonl") if metrics else None
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler's flush on the thread writing one file writes the other (the same file
+        # is never written twice at once: its export path's lock, held by this thread, turns the inner one away).
+        self._lock = threading.RLock()
         self._files: dict[str, Any] = {}
         self._unrotatable: set[str] = set()
         self._rotated = False
