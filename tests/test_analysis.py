@@ -511,7 +511,7 @@ def test_plot_picks_a_repeated_step_numbers_later_occurrence_by_analyzes_label()
     assert plot.pick_step(rep, 2).occurrence == 0  # the number alone: its first occurrence
     second = plot.pick_step(rep, 2, 1)
     assert (second.step, second.occurrence, second.duration_s) == (2, 1, pytest.approx(0.030))
-    assert plot.step_label(second) == "2#1"
+    assert second.label == "2#1"
     with pytest.raises(plot.StepNotTraced, match=r"--step 2#3 was not traced .*repeated numbers: 1#1, 2#1"):
         plot.pick_step(rep, 2, 3)
 

@@ -52,10 +52,6 @@ def _figure(width: float, height: float):
     return fig
 
 
-def step_label(row: StepRow) -> str:
-    return f"{row.step}" + (f"#{row.occurrence}" if row.occurrence else "")
-
-
 def pick_step(report: Report, step: int | None, occurrence: int | None = None) -> StepRow | None:
     """``occurrence`` None: the number's first traced occurrence."""
     rows = report.steps.rows
@@ -64,7 +60,7 @@ def pick_step(report: Report, step: int | None, occurrence: int | None = None) -
             if r.step == step and (occurrence is None or r.occurrence == occurrence):
                 return r
         traced = fmt_ranks(sorted({r.step for r in rows})) or "none"
-        repeats = [step_label(r) for r in rows if r.occurrence]
+        repeats = [r.label for r in rows if r.occurrence]
         if repeats:
             traced += "; repeated numbers: " + ", ".join(repeats[:10]) + (" ..." if len(repeats) > 10 else "")
         asked = step if occurrence is None else f"{step}#{occurrence}"
@@ -85,7 +81,7 @@ def plot_run(path: str, out_dir: str, report: Report, *, step: int | None = None
     if chosen is None:
         result.skipped.append("timeline.png: no traced steps (train.rank_step spans) in this run")
     else:
-        result.step, result.step_label = chosen.step, step_label(chosen)
+        result.step, result.step_label = chosen.step, chosen.label
         records = _step_records(path, chosen)
         result.written.append(_timeline(records, chosen, os.path.join(out_dir, "timeline.png")))
     if any(r.busbw_gbps for r in report.ops.by_size):
@@ -164,7 +160,7 @@ def timeline_figure(records: list, row: StepRow):
     ax.set_yticklabels([f"rank {r}" for r in ranks])
     ax.invert_yaxis()
     ax.set_xlabel("ms since the step's first start (phases above, collectives below)")
-    ax.set_title(f"Step {step_label(row)}: {row.duration_s * 1e3:.1f} ms, {row.ranks} ranks")
+    ax.set_title(f"Step {row.label}: {row.duration_s * 1e3:.1f} ms, {row.ranks} ranks")
     ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.tight_layout()
     return fig
@@ -243,7 +239,7 @@ def _heatmap(report: Report, out: str) -> str:
         step_title += f", color scale {low:.1f}..{high:.1f} ms"
         above = [j for j in range(len(rows)) if np.nanmax(step_ms[:, j]) > high * 1.0001]
         if above:
-            names = ", ".join(step_label(rows[j]) + (" (set-up)" if rows[j].setup else "") for j in above[:8])
+            names = ", ".join(rows[j].label + (" (set-up)" if rows[j].setup else "") for j in above[:8])
             step_title += f"; above it, clipped: step {names}" + (f" and {len(above) - 8} more" if len(above) > 8 else "")
     for k, (data, title, cmap, bottom, top) in enumerate(
         (
@@ -256,7 +252,7 @@ def _heatmap(report: Report, out: str) -> str:
         ax.set_title(title, fontsize=10)
         ax.set_yticks(range(len(ranks)))
         ax.set_yticklabels([f"rank {r}" for r in ranks], fontsize=8)
-        step_labels = [step_label(r) for r in rows]
+        step_labels = [r.label for r in rows]
         every = max(1, len(rows) // 25)
         ax.set_xticks(range(0, len(rows), every))
         ax.set_xticklabels(step_labels[::every], fontsize=8)

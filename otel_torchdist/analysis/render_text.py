@@ -167,8 +167,8 @@ def stragglers(table: Stragglers, noise_level: int = 0) -> list[str]:
 
 # ----------------------------------------------------------------------------------------- steps
 def _step_label(r) -> str:
-    """``12``; ``12#2`` for the third step numbered 12 (numbering restarted); ``1*`` for the set-up step."""
-    return f"{r.step}" + (f"#{r.occurrence}" if r.occurrence else "") + ("*" if r.setup else "")
+    """The step's label (StepRow.label); ``1*`` for the set-up step."""
+    return r.label + ("*" if r.setup else "")
 
 
 def steps(table: StepsTable, noise_level: int = 0) -> list[str]:

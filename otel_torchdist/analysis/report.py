@@ -227,6 +227,11 @@ class StepRow:
     setup: bool = False
     """The run's first step, which holds set-up (imports, initialisation, the model's construction)."""
 
+    @property
+    def label(self) -> str:
+        """``12``; ``12#2`` for the third step numbered 12 (numbering restarted): what ``plot --step`` takes."""
+        return f"{self.step}" + (f"#{self.occurrence}" if self.occurrence else "")
+
 
 @dataclass(kw_only=True)
 class StepTotals:

@@ -91,6 +91,13 @@ groups.on_forget(_group_cache.clear)
 _Tensor = torch.Tensor
 _BY_ID = groups.BY_ID
 _TLS = R.TLS
+_of_tensor = R.of_tensor
+_get_ident = threading.get_ident
+_QUEUE = R.QUEUE
+_limit = R._limit
+_T_START, _T_END, _END, _EXTRA, _GROUP, _SEQ = R.T_START, R.T_END, R.END, R.EXTRA, R.GROUP, R.SEQ
+_END_WAIT = n.END_WAIT
+_COMPLETION_FUTURE = groups.COMPLETION_FUTURE
 _DYNAMO_IMPORTED = [False]
 
 
@@ -104,13 +111,6 @@ def _import_dynamo() -> None:
             import torch._dynamo  # noqa: F401
         except Exception as exc:  # a broken optional import is torch's to report, at its own call
             health.error("capture", "could not import torch._dynamo ahead of the first functional collective", exc)
-_of_tensor = R.of_tensor
-_get_ident = threading.get_ident
-_QUEUE = R.QUEUE
-_limit = R._limit
-_T_START, _T_END, _END, _EXTRA, _GROUP, _SEQ = R.T_START, R.T_END, R.END, R.EXTRA, R.GROUP, R.SEQ
-_END_WAIT = n.END_WAIT
-_COMPLETION_FUTURE = groups.COMPLETION_FUTURE
 
 
 def tracing() -> bool:

@@ -86,7 +86,6 @@ class _Instruments:
             self._served.add(name)
             return self._snapshot.get(name, [])
 
-
     def retire(self, final: list[MetricData]) -> None:
         """An instrumentation ends with these totals: its counters' become the base the next one's add to;
         the gauges report their last values until then."""

@@ -154,7 +154,7 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
     late = _late(an, label, members, top) if top is not None and not (stuck and (behind or no_data)) else None
     if late is not None:
         verdict = late
-    if stuck and top is not None:
+    elif stuck and top is not None:
         never = behind + no_data
         what = f"{op} " if op else "the collective with "
         if never:
@@ -170,12 +170,12 @@ def _hang_group(an: Analyzer, label: str, members: tuple[int, ...], started: dic
             errs = [c.error for c in an.failures if c.group == label]
             if errs:
                 verdict += f", then it failed: {short_error(errs[0])}"
-        elif late is None:
+        else:
             verdict = (
                 f"{label}: every rank reached sequence number {top}, and rank{'s' if len(waiting) > 1 else ''} "
                 f"{fmt_ranks(waiting)} still waited in it: slow or failed, not missing a rank"
             )
-    elif behind and top is not None and late is None:
+    elif behind and top is not None:
         ahead = [r for r in present if r not in behind]
         verdict = (
             f"{label}: rank{'s' if len(behind) > 1 else ''} {fmt_ranks(behind)} last seen at sequence number "

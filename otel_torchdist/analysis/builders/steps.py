@@ -158,8 +158,9 @@ def _steady_means(an: Analyzer, totals: list, first: tuple | None) -> tuple[floa
             continue
         s = setup.get(t.rank)
         total, compute, wait, steps = t.total_s, t.compute_s, t.wait_s, t.steps
-        out = s is not None and (not s.counted or steps > 1)
-        if s is not None and s.counted and steps > 1:
+        subtract = s is not None and s.counted and steps > 1
+        out = subtract or (s is not None and not s.counted)
+        if subtract:
             total -= s.duration_s
             compute -= s.compute_s or 0.0
             wait -= s.wait_s or 0.0
