@@ -616,3 +616,17 @@ def test_the_run_says_what_the_ranks_dropped_and_what_it_thins(drops, says):
     else:
         (note,) = notes
         assert all(s in note for s in says), note
+
+
+def test_an_unfinished_call_counts_as_a_call_and_adds_no_size_or_time():
+    """The mean message size is over the calls that completed, as the summary and the dashboards divide it:
+    an unfinished call (never seen to complete) stayed in the divisor and made the mean 2/3 of the size."""
+    records = resources(2) + [coll(r, seq=1, n_ranks=2, size=1000, module="net", phase="forward") for r in range(2)]
+    records += [coll(r, seq=2, n_ranks=2, size=1000, dur=6.0, end_source=n.END_UNFINISHED, module="net",
+                     phase="forward") for r in range(2)]
+    table = builders.ops_table(records, noise_level=2)
+    (row,) = table.rows
+    assert (row.count, row.errors, row.total_bytes, row.mean_message_size, row.mean_s) == (4, 0, 2000, 1000, 0.001)
+    assert [(s.count, s.mean_message_size) for s in table.by_size] == [(2, 1000)]
+    (net,) = [m for m in builders.module_counts(records, noise_level=2).rows if m.module == "net"]
+    assert [(o.count, o.mean_message_size, o.mean_s) for o in net.ops] == [(2, 1000, 0.001)]

@@ -151,7 +151,8 @@ class Analyzer:
         if agg is None:
             agg = self.op_spans[key] = OpAgg()
         agg.count += 1
-        if c.error is None and c.end_source != n.END_UNFINISHED:
+        completed = c.error is None and c.end_source != n.END_UNFINISHED
+        if completed:
             # What moved and how long it took, as the metrics count them: a failed call's time (a 6 s timeout)
             # is no transfer's, and made a row's bandwidth a hundred times too low.
             agg.bytes += c.message_size
@@ -169,7 +170,7 @@ class Analyzer:
             self.failures_total += 1
             if len(self.failures) < MAX_LISTED:
                 self.failures.append(c)
-        elif c.message_size > 0:
+        if completed and c.message_size > 0:
             floor = 1 << (c.message_size.bit_length() - 1)
             # by group size too: the bus factor is the group's, and one op on groups of 2 and of 8 is two series
             key = (c.op, c.group_size or 0, floor)
@@ -185,10 +186,12 @@ class Analyzer:
         mkey = (c.module, c.phase or "other", c.op)
         slot = mods.get(mkey)
         if slot is None:
-            slot = mods[mkey] = [0, 0, 0.0]
+            slot = mods[mkey] = [0, 0, 0.0, 0]
         slot[0] += 1
-        slot[1] += c.message_size
-        slot[2] += c.duration_s
+        if completed:
+            slot[1] += c.message_size
+            slot[2] += c.duration_s
+            slot[3] += 1
         # arrival matching by (group, sequence number); point-to-point sequence numbers are per pair
         if c.seq is not None and c.group_size and c.group_size > 1 and c.kind != bw.SEND_RECV and c.error is None:
             mk = (c.group_name, c.seq)

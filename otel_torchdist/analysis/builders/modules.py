@@ -56,22 +56,24 @@ def build(an: Analyzer) -> ModulesTable:
 def _module_row(an: Analyzer, name: str, depth: int, counts, match) -> ModuleRow:
     per_phase: Counter[str] = Counter()
     ops: dict[tuple[str, str], list[float]] = {}
-    for (module, phase, op), (count, nbytes, dur) in counts.items():
+    for (module, phase, op), (count, nbytes, dur, timed) in counts.items():
         if not match(module):
             continue
         per_phase[phase] += int(count)
         if an.noise >= 2:
-            o = ops.setdefault((op, phase), [0, 0, 0.0])
+            o = ops.setdefault((op, phase), [0, 0, 0.0, 0])
             o[0] += count
             o[1] += nbytes
             o[2] += dur
+            o[3] += timed
     return ModuleRow(
         module=name,
         depth=depth,
         counts=dict(per_phase),
         total=sum(per_phase.values()),
         ops=[
-            ModuleOp(op=op, phase=phase, count=int(c), mean_message_size=b / c, mean_s=d / c)
-            for (op, phase), (c, b, d) in sorted(ops.items())
+            # size and time of the calls that completed, as the ops table says them
+            ModuleOp(op=op, phase=phase, count=int(c), mean_message_size=b / t if t else 0.0, mean_s=d / t if t else 0.0)
+            for (op, phase), (c, b, d, t) in sorted(ops.items())
         ],
     )

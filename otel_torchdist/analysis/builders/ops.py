@@ -178,8 +178,8 @@ def _op_row(an: Analyzer, op, group, ws, rank, ranks, count, errors, nbytes, dur
         calls_per_rank=count / max(len(ranks), 1),
         errors=errors,
         total_bytes=nbytes,
-        # the bytes are those of the calls that did not fail (the counters' rule)
-        mean_message_size=nbytes / (count - errors) if count > errors else 0.0,
+        # the bytes are those of the calls that completed (the counters' rule), as the summary and dashboards say
+        mean_message_size=nbytes / timed if timed else 0.0,
         total_s=dur,
         mean_s=dur / timed if timed else 0.0,  # over the calls that completed, whose time dur holds
         p50_s=p50,
