@@ -20,6 +20,7 @@ from opentelemetry.trace import TracerProvider
 
 from . import config as _config
 from . import runtime as _runtime
+from .runtime import process as _process
 from .export import providers as _providers
 from .package import _instruments
 
@@ -33,6 +34,10 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         if self._is_instrumented_by_opentelemetry and running is not None:
             _warn_ignored(running, kwargs)
             return None
+        if running is None and _process.inherited():
+            # a fork of an instrumented process (a rank a fork launcher started) instruments itself
+            _process.abandon_inherited()
+            self._is_instrumented_by_opentelemetry = False
         return super().instrument(**kwargs)
 
     def _instrument(self, **kwargs: Any) -> None:
@@ -57,6 +62,7 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         _runtime.install(rt)
 
     def _uninstrument(self, **kwargs: Any) -> None:
+        _process.abandon_inherited()
         rt = _runtime.remove()
         if rt is not None:
             rt.close(restore=True)

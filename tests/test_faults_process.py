@@ -224,6 +224,62 @@ def test_a_forked_child_is_not_the_rank(tmp_path):
     assert proc.stderr.count("otel-torchdist summary") == 1
 
 
+_FORK_RANKS = """
+import os, socket, sys
+import torch, torch.distributed as dist, torch.multiprocessing as mp
+import otel_torchdist
+
+def rank(r, port, again):
+    if again:  # the rank's own code instruments too, as a script written for torchrun does
+        otel_torchdist.instrument(run_dir=sys.argv[1], run_id="forked", metrics_exporter=("file",))
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=r, world_size=2)
+    model = torch.nn.Linear(4, 4)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for _ in range(20):
+        model(torch.ones(2, 4)).sum().backward()
+        for p in model.parameters():
+            dist.all_reduce(p.grad)
+        opt.step()
+        opt.zero_grad()
+    if r == 0:
+        dist.destroy_process_group()  # rank 1 leaves it to the process's end
+
+if __name__ == "__main__":
+    otel_torchdist.instrument(run_dir=sys.argv[1], run_id="forked", metrics_exporter=("file",))
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    mp.start_processes(rank, args=(port, sys.argv[2] == "again"), nprocs=2, start_method="fork")
+    print("parent done", flush=True)
+"""
+
+
+@pytest.mark.parametrize("again", ["inherited", "again"])
+def test_ranks_a_fork_launcher_starts_from_an_instrumented_parent_are_instrumented(tmp_path, again):
+    """Notebook and fork launchers (Lightning's ddp_notebook, accelerate's notebook_launcher): the parent
+    called instrument(), the ranks are its forks. They ran on the parent's patches with no thread to drain
+    them: 100 of 169 calls counted, the rest dropped, no summary; and a rank's own instrument() was refused
+    ("Attempting to instrument while already instrumented")."""
+    script = tmp_path / "fork_ranks.py"
+    script.write_text(_FORK_RANKS)
+    proc = subprocess.run(
+        [sys.executable, str(script), str(tmp_path), again], cwd=REPO, capture_output=True, text=True, timeout=120,
+        env={**os.environ, "OTEL_EXPORTER_PROMETHEUS_PORT": "0"},
+    )  # fmt: skip
+    assert proc.returncode == 0 and "parent done" in proc.stdout, proc.stderr[-3000:]
+    assert "already instrumented" not in proc.stderr, proc.stderr[-3000:]
+    for r in (0, 1):
+        with open(os.path.join(str(tmp_path), "forked", f"summary.rank{r}.json")) as f:
+            summary = json.load(f)
+        assert [(row["op"], row["calls"]) for row in summary["collectives"]] == [("all_reduce", 40)], summary
+        metrics = last_metrics(os.path.join(str(tmp_path), "forked", f"metrics.rank{r}.jsonl"))
+        assert metric_value(metrics, n.STEPS_METRIC) == 20
+        dropped = [p for p in metrics.get(n.TELEMETRY_DROPPED.name, []) if p["attributes"].get("kind") == "record"]
+        assert all(int(p["asInt"]) == 0 for p in dropped), dropped
+    assert proc.stderr.count("otel-torchdist summary") == 1  # rank 0's; the parent made no process group
+
+
 def test_uninstrument_from_another_thread_then_instrument_again_flushes_on_sigterm(tmp_path):
     """Signal handlers can only be changed on the main thread: uninstrument() on another thread left the
     first instrumentation's SIGTERM handler and watcher in place, the second instrument() installed none, and

@@ -603,7 +603,7 @@ def _wrap_init(orig: Callable) -> Callable:
     def init_process_group(*args, **kwargs):
         result = orig(*args, **kwargs)
         meet(None)
-        for fn in _on_init:
+        for fn in list(_on_init):  # a fork's first group replaces the runtime that hooked it
             try:
                 fn()
             except Exception as exc:

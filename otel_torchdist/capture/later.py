@@ -5,7 +5,7 @@ costs about a second per process. A DDP-only program never imports them, so thei
 import, through wrapt's post-import hooks (the mechanism opentelemetry-instrumentation's own instrumentors
 rely on). Anything that goes wrong in a capture's installation is counted and the import goes on unchanged:
 telemetry must never break a user's import. wrapt keeps a hook until its module is imported, so ``cancel``
-(``uninstrument()``) turns the hooks of this ``instrument()`` into no-ops rather than removing them.
+(``uninstrument()``) turns the hooks of this ``instrument()`` into no-ops, which let go of what they installed.
 """
 
 from __future__ import annotations
@@ -16,15 +16,20 @@ import wrapt
 
 from .. import health
 
-_cycle = [0]  # bumped by cancel(): hooks registered before it do nothing
+_waiting: dict[int, Callable[[], None]] = {}  # the hooks of this instrument(), until cancel()
+_serial = [0]
 
 
 def when_imported(module: str, hook: Callable[[], None]) -> None:
     """Run ``hook`` now if ``module`` is imported already, else right after the program imports it."""
-    cycle = _cycle[0]
+    key = _serial[0] = _serial[0] + 1
+    _waiting[key] = hook
 
     def run(_module) -> None:
-        if _cycle[0] != cycle:
+        # wrapt keeps ``run`` until the import: it holds the key, never the hook (which holds the runtime,
+        # its metric store and threads' objects, kept for the process after uninstrument() otherwise)
+        hook = _waiting.pop(key, None)
+        if hook is None:
             return
         try:
             hook()
@@ -35,4 +40,4 @@ def when_imported(module: str, hook: Callable[[], None]) -> None:
 
 
 def cancel() -> None:
-    _cycle[0] += 1
+    _waiting.clear()

@@ -72,6 +72,7 @@ class Runtime:
         self._close_done = threading.Event()
         self._started_at = time.monotonic()
         self._end_by: float | None = None  # when the process's end may no longer wait for telemetry (end_budget)
+        self.pid = os.getpid()  # a fork inherits this runtime: the fork is not the process that runs it
 
     # ------------------------------------------------------------------------------------------ start
     def start(self) -> None:
@@ -167,6 +168,9 @@ class Runtime:
 
     def on_process_group(self) -> None:
         """The process group exists: learn who we are and start exporting."""
+        if self.pid != os.getpid():
+            _rank_of_a_fork(self)
+            return
         with self._lock:
             self._end_by = None  # a process group after destroy_process_group(): that was not the end
             if self._closed:
@@ -265,22 +269,41 @@ class Runtime:
             self._close_done.set()
             signals.deliver_pending()
 
-    def _close(self, restore: bool) -> None:
-        if restore:
-            later.cancel()
-            self.patcher.restore()
-            optim.remove()
-            context.TRACKER.remove()
-            signals.uninstall()
-        if not self._started:
-            return  # refused at start: nothing ran, nothing to flush or report
-        funcol.flush_unfinished()
+    def abandon(self) -> None:
+        """In a fork of the process that made this runtime: its patches and hooks out of the process, nothing
+        flushed or reported (what it holds is the parent's, which the parent exports)."""
+        with self._lock:
+            self._closed = True
+        self._restore()
+        self._unhook()
+        native_hot.deactivate()
+        otlp.use_native(None)
+        ddp_native.deactivate(True)
+
+    def _restore(self) -> None:
+        later.cancel()
+        self.patcher.restore()
+        optim.remove()
+        context.TRACKER.remove()
+        signals.uninstall()
+
+    def _unhook(self) -> None:
         for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
             if fn in hooks:
                 hooks.remove(fn)
         if optim.closer[0] == self.steps.on_optimizer_step:
             optim.closer[0] = None
         dataloader_capture.FETCH[0] = None
+        if steps.TRACKER[0] is self.steps:
+            steps.TRACKER[0] = None
+
+    def _close(self, restore: bool) -> None:
+        if restore:
+            self._restore()
+        if not self._started:
+            return  # refused at start: nothing ran, nothing to flush or report
+        funcol.flush_unfinished()
+        self._unhook()
         self.steps.close()
         steps.TRACKER[0] = None
         dog = self.ranks.watchdog
@@ -315,3 +338,19 @@ class Runtime:
         if self.identity is not None:
             report.summarize(self.cfg, self.identity, self.pipeline, self.steps, self.outlets, self._started_at)
         self.outlets.stop_prometheus()
+
+
+def _rank_of_a_fork(inherited: Runtime) -> None:
+    """A fork of an instrumented process made a process group: it is a rank (notebook and fork launchers:
+    Lightning's ddp_fork and ddp_notebook, accelerate's notebook_launcher, ``start_method="fork"``), and
+    gets its own instrumentation, with the options of the one it inherited, whose patches and queue were the
+    parent's and whose threads did not survive the fork."""
+    inherited.abandon()
+    rt = Runtime(inherited.cfg, *inherited.outlets.given)
+    try:
+        rt.start()
+    except Exception as exc:
+        rt.close(restore=True)
+        health.error("identity", "could not instrument the rank this fork became", exc)
+        return
+    install(rt)
