@@ -118,7 +118,9 @@ def _remember(key: str, pg: Any, value: str) -> str:
 
 
 def _agree_run_id(rank: int) -> str:
-    """Rank 0 proposes a run id; the others read it from the default store (bounded wait)."""
+    """Rank 0 proposes a run id; the others read it from the default store (bounded wait). torchelastic's
+    store outlives the workers: rank 0 keeps the id an earlier attempt agreed there, so a restarted job
+    stays one run, and ranks reading the key before rank 0 looks at it read the id it keeps."""
     from torch.distributed import distributed_c10d as c10d
 
     try:
@@ -128,8 +130,7 @@ def _agree_run_id(rank: int) -> str:
             return before
         store = c10d._get_default_store()
         if rank == 0:
-            run_id = new_run_id()
-            store.set(STORE_KEY, run_id)
+            run_id = store.compare_set(STORE_KEY, "", new_run_id()).decode()
         else:
             store.wait([STORE_KEY], STORE_TIMEOUT)
             run_id = store.get(STORE_KEY).decode()

@@ -114,6 +114,27 @@ def test_an_elastic_attempt_ignores_the_value_a_previous_attempt_left(monkeypatc
         dist.destroy_process_group()
 
 
+def test_a_restarted_job_keeps_the_run_id_its_first_attempt_agreed(monkeypatch):
+    """torchrun without --rdzv-id (TORCHELASTIC_RUN_ID "none"): rank 0 of a restart made a new run id while
+    the other ranks read the one the first attempt left in the agent's store, so one attempt's ranks wrote
+    to two run folders under two run ids."""
+    import torch.distributed as dist
+    from torch.distributed import distributed_c10d as c10d
+
+    from otel_torchdist import identity
+
+    monkeypatch.setattr(identity, "_agreed", {})
+    dist.init_process_group("gloo", store=dist.TCPStore("127.0.0.1", 0, 1, True), rank=0, world_size=1)
+    try:
+        first = identity._agree_run_id(0)
+        assert c10d._get_default_store().get(identity.STORE_KEY).decode() == first
+        monkeypatch.setattr(identity, "_agreed", {})  # the restarted processes: the store is the agent's
+        assert identity._agree_run_id(1) == first
+        assert identity._agree_run_id(0) == first
+    finally:
+        dist.destroy_process_group()
+
+
 def test_process_start_time_is_before_now_and_after_boot():
     from otel_torchdist import identity
 
