@@ -110,9 +110,13 @@ def recv_late(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """Rank 0 sends to rank 1 4 s late: rank 1 waits in its recv (a hung point-to-point call), the others in
     the all-reduce after it."""
     lines = _start(rank, ws, out, "recv-late", 30.0)
+    batch = args.get("batch")
     if rank == 0:
         time.sleep(4.0)
         dist.send(torch.ones(4), dst=1)
+    elif rank == 1 and batch:  # a pipeline schedule's (1F1B) form of it
+        for work in dist.batch_isend_irecv([dist.P2POp(dist.irecv, torch.ones(4), 0)]):
+            work.wait()
     elif rank == 1:
         dist.recv(torch.ones(4), src=0)
     dist.all_reduce(torch.ones(4))

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 
+import pytest
 
 from otel_torchdist.drain import hang_board
 from otel_torchdist import names as n
@@ -191,12 +192,13 @@ def test_ranks_in_different_blocking_collectives_name_each_other(tmp_path):
     assert "not started by rank 0 (started #3 on default_pg as all_reduce, not broadcast" in line1
 
 
-def test_a_hung_receive_says_where_its_peer_is_and_no_verdict(tmp_path):
+@pytest.mark.parametrize("op", ["recv", "batch_isend_irecv"])
+def test_a_hung_receive_says_where_its_peer_is_and_no_verdict(tmp_path, op):
     """Only the peer takes part in a point-to-point call: the board says where it is, not that it has not
-    started it (it cannot know what the peer posted)."""
-    results = run_ranks("scenarios_hangs:recv_late", 2, str(tmp_path), {}, timeout=120)
+    started it (it cannot know what the peer posted). A batch (1F1B's form of it) said nothing of its peer."""
+    results = run_ranks("scenarios_hangs:recv_late", 2, str(tmp_path), {"batch": op != "recv"}, timeout=120)
     (line,) = results[1]["hang_lines"]
-    assert line.startswith("collective recv on group default_pg (sequence number 3) has been in flight for "), line
+    assert line.startswith(f"collective {op} on group default_pg (sequence number 3) has been in flight for "), line
     assert "; its peer rank 0: no collective in flight; reported " in line and "not started" not in line, line
     assert results[0]["hang_lines"] == []
 

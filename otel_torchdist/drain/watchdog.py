@@ -62,13 +62,18 @@ def _number(rec: list, gi: groups.GroupInfo, seq: int) -> int | None:
     return None if rec[R.KIND] == bw.SEND_RECV else gi.collective_number(seq)
 
 
-def _peer(rec: list, gi: groups.GroupInfo) -> int | None:
-    """A point-to-point record's peer (global rank), when it has one (not a receive from any source, not a
-    batch of calls)."""
+def _peers(rec: list, gi: groups.GroupInfo) -> list[int]:
+    """A point-to-point record's peers (global ranks): its one peer, or a batch's (batch_isend_irecv, which
+    pipeline schedules post); none for a receive from any source."""
     peer = rec[R.PEER]
-    if not peer:
-        return None
-    return peer[0] if peer[0] is not None else gi.global_rank(peer[1])
+    if peer:
+        one = peer[0] if peer[0] is not None else gi.global_rank(peer[1])
+        return [] if one is None else [one]
+    extra = rec[R.EXTRA] or ()
+    for i in range(0, len(extra) - 1, 2):
+        if extra[i] == "peers":  # "send:1,recv:1", global ranks (ops.describe_batch)
+            return sorted({int(p.rsplit(":", 1)[1]) for p in extra[i + 1].split(",") if p})
+    return []
 
 
 def _place(gi: groups.GroupInfo, oldest: tuple[float, list] | None) -> list:
@@ -167,9 +172,9 @@ class Watchdog:
             pass
         elif number is not None:
             missing = self.board.lookup(gi.label, gi.global_ranks, number, rec[R.OP])
-        elif (peer := _peer(rec, gi)) is not None:
-            # only the peer takes part: where it is, not whether it posted the matching call
-            places = self.board.lookup(gi.label, (peer,), None, rec[R.OP])
+        elif peers := _peers(rec, gi):
+            # only the peers take part: where they are, not whether they posted the matching calls
+            places = self.board.lookup(gi.label, tuple(peers), None, rec[R.OP])
             message += "".join(f"; its peer rank {m.rank}: {m.detail}" for m in places or ())
         if missing:
             message += "; not started by " + "; ".join(f"rank {m.rank} ({m.detail})" for m in missing)
