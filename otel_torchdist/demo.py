@@ -276,7 +276,7 @@ def _report(folder: str, nproc: int, options: dict[str, Any]) -> None:
     print(
         "Next: otel-torchdist analyze RUN (every table), plot RUN -o DIR (charts), export RUN --perfetto out.json\n"
         "(ui.perfetto.dev); open a traces.rank*.jsonl file in Jaeger's UI (Search > Upload JSON), or send the next\n"
-        "run to a stack: OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 otel-torchdist demo (see deploy/README.md)",
+        "run to a stack: OTEL_EXPORTER_OTLP_ENDPOINT=http://localhost:4318 otel-torchdist demo (see deploy/README.md in the project's source)",
         file=sys.stderr,
     )
 

@@ -68,12 +68,17 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
             rt.close(restore=True)
 
 
+_BASE_OPTIONS = ("skip_dep_check", "raise_exception_on_conflict")
+
+
 def _warn_ignored(running: _runtime.Runtime, options: dict[str, Any]) -> None:
     """BaseInstrumentor's own warning names no option: a user who passed service_name= a second time
     needs to know it is not in force, and what is."""
     log = logging.getLogger("otel_torchdist")
     changed = []
     for name, value in sorted(options.items()):
+        if name in _BASE_OPTIONS:
+            continue  # BaseInstrumentor's own, for its dependency check
         if name in ("tracer_provider", "meter_provider"):
             now = running.outlets.given[0 if name == "tracer_provider" else 1]
             if value is not None and value is not now:

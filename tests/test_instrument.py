@@ -68,7 +68,7 @@ def test_instrument_twice_is_harmless_and_names_what_it_ignored(fake_pg, instrum
     first = _snapshot()
     with library_log() as said:
         otel_torchdist.instrument(run_dir="elsewhere", run_id="unit", service_name="other")
-        otel_torchdist.instrument()
+        otel_torchdist.instrument(skip_dep_check=True)  # BaseInstrumentor's own option: no option of ours ignored
         otel_torchdist.instrument(tracer_provider=TracerProvider(shutdown_on_exit=False))
     said = [m.removeprefix("otel-torchdist: ") for m in said]
     assert said[0] == (
@@ -193,4 +193,15 @@ def test_entry_point_is_registered():
     eps = entry_points(group="opentelemetry_instrumentor")
     (ep,) = [e for e in eps if e.name == "torch_distributed"]
     assert ep.load() is TorchDistributedInstrumentor
-    assert TorchDistributedInstrumentor().instrumentation_dependencies() == ("torch >= 2.6",)
+    assert TorchDistributedInstrumentor().instrumentation_dependencies() == ("torch >= 2.6.0a0",)
+
+
+def test_the_torch_range_takes_nvidia_containers_builds():
+    """NGC 25.01's torch is 2.6.0a0+ecf3bae40a, which sorts before 2.6: the dependency check refused it and
+    instrument() did nothing but log an error."""
+    from packaging.requirements import Requirement
+
+    (spec,) = TorchDistributedInstrumentor().instrumentation_dependencies()
+    accepts = Requirement(spec).specifier
+    assert all(accepts.contains(v, prereleases=True) for v in ("2.6.0a0+ecf3bae40a", "2.6.0", "2.13.0", "2.14.0.dev20261101"))
+    assert not any(accepts.contains(v, prereleases=True) for v in ("2.5.1", "2.5.0a0+872d972e41"))
