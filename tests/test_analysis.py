@@ -630,3 +630,18 @@ def test_an_unfinished_call_counts_as_a_call_and_adds_no_size_or_time():
     assert [(s.count, s.mean_message_size) for s in table.by_size] == [(2, 1000)]
     (net,) = [m for m in builders.module_counts(records, noise_level=2).rows if m.module == "net"]
     assert [(o.count, o.mean_message_size, o.mean_s) for o in net.ops] == [(2, 1000, 0.001)]
+
+
+def test_node_totals_are_not_taken_for_a_ranks_metrics():
+    """metrics_aggregation=node writes the node's totals (labelled host, no rank) in its first rank's file:
+    analyze took them for rank 0's own and added rank 1's spans on top (70 all-reduces for 60)."""
+    records = resources(2) + [coll(r, seq=s, n_ranks=2, size=1000) for r in range(2) for s in range(1, 6)]
+    node = _collective_metrics(0, "all_reduce", 60, 60_000, 60_000, 0.06, [0] * (len(n.DURATION_BUCKETS) + 1))
+    for points in node.metrics.values():
+        for p in points:
+            p.attributes = {n.M_RUN: "synthetic", n.M_HOST: "vm", n.M_OP: "all_reduce", n.M_GROUP: "default_pg"}
+    report = builders.analyze_records(records + [node])
+    (row,) = report.ops.rows
+    assert (row.count, row.ranks, row.source) == (10, 2, "spans")
+    assert report.run.metric_ranks == [] and any("node totals (metrics_aggregation=node, host vm)" in x for x in report.run.notes)
+    assert not any(x.startswith("no metrics for") for x in report.run.notes)

@@ -108,6 +108,7 @@ class Analyzer:
         self.members: dict[tuple[int, str], tuple[int, ...]] = {}
         # metrics
         self.last_snapshot: dict[int, MetricSnapshot] = {}
+        self.node_snapshots: dict[str, int] = {}  # host -> snapshots of node totals (metrics_aggregation=node)
         # The last snapshot holding the group sequence gauges: a rank's final export may lack them (its
         # groups destroyed before it), and hangs are judged from the last state that was recorded.
         self.last_seq_snapshot: dict[int, MetricSnapshot] = {}
@@ -289,6 +290,13 @@ class Analyzer:
 
     def _snapshot(self, m: MetricSnapshot) -> None:
         self.n_snapshots += 1
+        calls = m.metrics.get(n.COLLECTIVE_CALLS.name) or m.metrics.get(n.STEPS_METRIC.name) or ()
+        if calls and all(n.M_RANK not in p.attributes for p in calls):
+            # A node's totals (metrics_aggregation=node), in its first rank's file: taken as that rank's, they
+            # counted every rank of the node twice (its own spans added) and made a step 19 times too long.
+            host = str(calls[0].attributes.get(n.M_HOST, "?"))
+            self.node_snapshots[host] = self.node_snapshots.get(host, 0) + 1
+            return
         last = self.last_snapshot.get(m.rank)
         if last is None or m.time_ns >= last.time_ns:
             self.last_snapshot[m.rank] = m
@@ -349,6 +357,13 @@ class Analyzer:
             notes.append(
                 "no spans: per-module counts, arrival skew and per-step tables need traces (they may have gone to an "
                 "OTLP endpoint; with OTEL_TRACES_EXPORTER=file they land in the run folder)"
+            )
+        elif self.node_snapshots:
+            notes.append(
+                f"the metrics are node totals (metrics_aggregation=node, host{'s' if len(self.node_snapshots) > 1 else ''} "
+                f"{', '.join(sorted(self.node_snapshots))}), not any rank's: counts, bandwidth and step times here "
+                "come from the traced steps only (traces are sampled by step); the every-call totals are the "
+                "node series on /metrics or your backend"
             )
         elif set(metric_ranks) < set(ranks) or not metric_ranks:
             without = sorted(set(ranks) - set(metric_ranks))
