@@ -764,7 +764,7 @@ def report(res: dict[str, dict], steps: int, sampling_steps: int) -> None:
     for what, count in per_gpu.items():
         print(f"    {count:>2}  {what}")
     print("  plus torchdist_amp_grad_scale (1) with a GradScaler; the straggler exchange (off here: the fake store")
-    print("  cannot carry it) adds torchdist_straggler_score and torchdist_straggler_slowest_rank (2) up to 1024 ranks")
+    print("  cannot carry it) adds torchdist_straggler_score_ratio and torchdist_straggler_slowest_rank (2) up to 1024 ranks")
     print()
 
     print(f"## 2. /metrics families of the 3d rank (world {main['spec']['world']}, rank {main['spec']['rank']})")

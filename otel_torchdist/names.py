@@ -148,6 +148,7 @@ COLL_DURATION = "torchdist.collective.duration_s"
 COLL_ALGBW = "torchdist.collective.algbw_gbps"  # GB/s = 1e9 bytes/s, as nccl-tests prints; none without a completion seen
 COLL_BUSBW = "torchdist.collective.busbw_gbps"
 COLL_END_SOURCE = "torchdist.collective.end_source"
+COLL_WAIT_S = "torchdist.collective.wait_s"  # end_source wait: how long the wait() it was timed to blocked
 COLL_COALESCED_OPS = "torchdist.collective.coalesced_ops"
 COLL_SOURCE = "torchdist.collective.source"  # which capture path saw it: c10d, pg, coalescing, ...
 ERROR_TYPE = "error.type"
@@ -182,6 +183,7 @@ COLLECTIVE_SPAN_ATTRIBUTES = (
     COLL_ALGBW,
     COLL_BUSBW,
     COLL_END_SOURCE,
+    COLL_WAIT_S,
     COLL_COALESCED_OPS,
     COLL_SOURCE,
     ERROR_TYPE,

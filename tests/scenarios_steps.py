@@ -232,6 +232,32 @@ def numbering(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     return {"steps": sum(len(r) for _, r in plan)}
 
 
+def send_overlapping_compute(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Rank 0 posts an isend, computes 0.3 s, then waits; rank 1 receives at once, then computes 0.1 s: gloo's
+    send completes only at wait(), yet rank 0 was blocked for a moment only (a pipeline stage's sends)."""
+    dist.init_process_group("gloo", rank=rank, world_size=ws)
+    traced = args["traced"]  # untraced: the native part's metric fold takes the records
+    _instrument(out, f"overlap-{traced}", trace_first_steps=10 * traced, trace_every_steps=traced, straggler_exchange_steps=0)
+    blocked = 0.0
+    for i in range(1, 4):
+        with otel_torchdist.step(i):
+            t = torch.ones(1024)
+            if rank == 0:
+                work = dist.isend(t, 1)
+                time.sleep(0.3)
+                t0 = time.perf_counter()
+                work.wait()
+            else:
+                t0 = time.perf_counter()
+                dist.irecv(t, 0).wait()
+            blocked += time.perf_counter() - t0
+            if rank == 1:
+                time.sleep(0.1)
+    otel_torchdist.uninstrument()
+    dist.destroy_process_group()
+    return {"blocked": blocked}
+
+
 def reinit(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """destroy_process_group(), then a new process group (on a store of its own port): the threads that talk
     to the store stop with the first and start again with the second."""

@@ -47,7 +47,7 @@ def test_span_attribute_keys_are_frozen():
         "torchdist.collective.reduce_op", "torchdist.collective.root", "torchdist.collective.peer",
         "torchdist.collective.peers", "torchdist.collective.async", "torchdist.collective.seq",
         "torchdist.collective.duration_s", "torchdist.collective.algbw_gbps", "torchdist.collective.busbw_gbps",
-        "torchdist.collective.end_source", "torchdist.collective.coalesced_ops", "torchdist.collective.source",
+        "torchdist.collective.end_source", "torchdist.collective.wait_s", "torchdist.collective.coalesced_ops", "torchdist.collective.source",
         "error.type",
     }  # fmt: skip
     assert n.END_SOURCES == ("return", "future", "wait", "nccl_completion_hook", "enqueue", "unfinished")

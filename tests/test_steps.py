@@ -1170,3 +1170,23 @@ def test_a_sampled_zero_based_loops_step_time_leaves_out_a_set_up_step_the_metri
     steps = analyze_path(folder).steps
     assert steps.step_statistic == "mean" and "mean of the 40 steps after the set-up step" in steps.step_time_from
     assert 0.004 <= steps.step_time_s < 0.004 + 0.1 * 0.6 / 40  # the set-up's 0.6 s is in none of them
+
+
+@pytest.mark.parametrize("traced", [1, 0])
+def test_a_send_waited_after_compute_counts_as_compute(tmp_path, traced):
+    """gloo's isend completes only at wait(): a send posted, then 0.3 s of compute, then wait() counted the
+    compute as collective wait (3.02 s of wait, 0.003 s of compute), so a pipeline stage that computes
+    three times as long as its peer looked the faster one. The step counts the time wait() blocked, in the
+    span's attributes and in the metrics (untraced steps' records go through the native part's fold)."""
+    out = str(tmp_path)
+    results = run_ranks("scenarios_steps:send_overlapping_compute", 2, out, {"traced": traced})
+    folder = os.path.join(out, "runs", f"overlap-{traced}")
+    m = last_metrics(os.path.join(folder, "metrics.rank0.jsonl"))
+    compute, wait = _value(m, n.STEP_COMPUTE_TIME), _value(m, n.STEP_COLLECTIVE_WAIT_TIME)
+    assert compute > 0.25 * 3 and wait < 0.05 * 3 + results[0]["blocked"], (compute, wait)
+    spans = read_spans(os.path.join(folder, "traces.rank0.jsonl")) if traced else []
+    steps = [s for s in spans if s["name"] == n.SPAN_RANK_STEP]
+    assert len(steps) == 3 * traced
+    for s in steps:
+        assert s["attributes"][n.STEP_COMPUTE] > 0.25, s["attributes"]
+    assert all(s["attributes"][n.COLL_WAIT_S] < s["attributes"][n.COLL_DURATION] for s in spans if s["name"] == "isend")

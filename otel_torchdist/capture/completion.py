@@ -47,7 +47,7 @@ class _Join:
             rec[R.ERROR] = R.error_info(error)
         if self.lock is None:
             _inflight.pop(id(self), None)
-            R.complete(rec, source, t_end)
+            self._complete(source, t_end)
             return
         with self.lock:
             if source != n.END_FUTURE and self.source != n.END_UNFINISHED:
@@ -56,7 +56,15 @@ class _Join:
             last = self.remaining == 0
         if last:  # until then in flight, in the hang watchdog's view
             _inflight.pop(id(self), None)
-            R.complete(rec, self.source, t_end)
+            self._complete(self.source, t_end)
+
+    def _complete(self, source: str, t_end: int) -> None:
+        rec = self.rec
+        if source == n.END_WAIT and self.waiting:
+            # Timed to wait() for want of a completion signal: the step counts only the time wait() blocked as
+            # the rank's wait (an isend waited after 300 ms of compute made the compute collective wait).
+            rec[R.EXTRA] = (rec[R.EXTRA] or ()) + ("wait_ns", max(0, t_end - self.waiting))
+        R.complete(rec, source, t_end)
 
 
 def track(rec: list, works: list[Any]) -> None:

@@ -45,6 +45,7 @@ _BY_ID = groups.BY_ID
 _GROUP, _GPU_NS, _T_START, _T_END, _NBYTES, _KIND = R.GROUP, R.GPU_NS, R.T_START, R.T_END, R.NBYTES, R.KIND
 _STEPCTX, _PARENT, _CTX, _OP, _ERROR, _SEQ, _END = R.STEPCTX, R.PARENT, R.CTX, R.OP, R.ERROR, R.SEQ, R.END
 _END_UNFINISHED = n.END_UNFINISHED
+_END_WAIT, _EXTRA = n.END_WAIT, R.EXTRA
 _SERIAL, _TRACE, _SPAN, _SAMPLED = S.SERIAL, S.TRACE, S.SPAN, S.SAMPLED
 _bus_factors = bw.FACTORS
 _INTERVALS_CAP = Intervals.CAP
@@ -212,6 +213,7 @@ class Pipeline:
                     "by_id": _BY_ID,
                     "factors": _bus_factors,
                     "end_unfinished": _END_UNFINISHED,
+                    "end_wait": _END_WAIT,
                     "intervals_cap": Intervals.CAP,
                     "intervals_head": Intervals.HEAD,
                     "intervals_keep": Intervals.KEEP,
@@ -297,7 +299,11 @@ class Pipeline:
             if stats is None:
                 stats = self.open_step_stats(step[_SERIAL])
             tail = stats.tail  # Intervals.append, inlined
-            tail.append((t0, t1))
+            if rec[_END] == _END_WAIT and (extra := rec[_EXTRA]) and "wait_ns" in extra:
+                # timed to a wait() entered after the issue: the rank waited only while wait() blocked
+                tail.append((max(t0, t1 - extra[extra.index("wait_ns") + 1]), t1))
+            else:
+                tail.append((t0, t1))
             if len(tail) >= _INTERVALS_CAP:
                 stats.compact()
             stats.collectives += 1

@@ -113,6 +113,7 @@ def static_attributes(rec: tuple, gi: Any) -> list[tuple[str, Any]]:
 
 _BUS_FACTORS = bw.FACTORS
 _T_START, _T_END, _OP, _EXTRA, _SEQ, _KIND, _NBYTES = R.T_START, R.T_END, R.OP, R.EXTRA, R.SEQ, R.KIND, R.NBYTES
+_SOURCE, _FUNCOL = R.SOURCE, "funcol"  # capture/funcol.py's SOURCE
 _DURATION, _SEQ_KEY, _ALGBW, _BUSBW, _BARRIER = n.COLL_DURATION, n.COLL_SEQ, n.COLL_ALGBW, n.COLL_BUSBW, bw.BARRIER
 _ERROR, _END = R.ERROR, R.END
 # Ends that are not the transfer's: the launch alone, or nothing seen before the flush. No S/t for those.
@@ -127,7 +128,7 @@ def dynamic_attributes(rec: tuple, gi: Any, seconds: float) -> list[tuple[str, A
     if extra:
         for i in range(0, len(extra), 2):
             if extra[i] == "wait_ns":
-                dynamic.append((n.FUNCOL_WAIT_S, extra[i + 1] / 1e9))
+                dynamic.append((n.FUNCOL_WAIT_S if rec[_SOURCE] == _FUNCOL else n.COLL_WAIT_S, extra[i + 1] / 1e9))
     seq = rec[_SEQ]
     if seq is not None:
         dynamic.append((_SEQ_KEY, seq))

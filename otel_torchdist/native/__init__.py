@@ -33,7 +33,7 @@ _log = logging.getLogger("otel_torchdist")
 SOURCES = tuple(Path(__file__).with_name(f) for f in ("timed_group.cpp", "hot_path.cpp", "encode.cpp", "fold.cpp"))
 HEADERS = (Path(__file__).with_name("common.h"),)
 NAME = "otel_torchdist_native"
-VERSION = 11  # the C++ module's kVersion this Python side speaks
+VERSION = 12  # the C++ module's kVersion this Python side speaks
 
 _lock = threading.Lock()
 _loaded: ModuleType | None = None

@@ -46,6 +46,7 @@ struct Globals {
   PyObject* by_id = nullptr;  // groups.BY_ID: a record's group index -> GroupInfo
   PyObject* factors = nullptr;  // bandwidth.FACTORS: (kind, group size) -> bus factor
   PyObject* unfinished = nullptr;  // names.END_UNFINISHED
+  PyObject* wait_end = nullptr;  // names.END_WAIT
   // drain/step_stats.py's Intervals.CAP, HEAD and KEEP; drain/pipeline.py's STEPS_OPEN and STEPS_OPEN_MAX
   Py_ssize_t cap = 0, head = 0, keep = 0, steps_open = 0, steps_open_max = 0;
   PyObject *s_size, *s_label, *s_last_completed, *s_head, *s_tail, *s_folded, *s_folded_end, *s_collectives,
@@ -564,6 +565,11 @@ int read(PyObject* rec, Read& r, bool roots_unsampled, FactorMemo& memo) {
   PyObject* end_source = PyTuple_GET_ITEM(rec, kEnd);
   if (end_source == G.unfinished || (PyUnicode_CheckExact(end_source) && PyUnicode_Compare(end_source, G.unfinished) == 0))
     return 0;
+  // Timed to a wait() entered after its issue (the time wait() blocked in its extra): Pipeline.process gives
+  // its step only that part as the rank's wait.
+  if (PyTuple_GET_ITEM(rec, kExtra) != Py_None &&
+      (end_source == G.wait_end || (PyUnicode_CheckExact(end_source) && PyUnicode_Compare(end_source, G.wait_end) == 0)))
+    return 0;
   PyObject* fw = PyTuple_GET_ITEM(rec, kCtx);
   if (fw != Py_None && (!PyTuple_CheckExact(fw) || PyTuple_GET_SIZE(fw) < 4 || PyTuple_GET_ITEM(fw, 3) != Py_None)) return 0;
   PyObject *group = PyTuple_GET_ITEM(rec, kGroup), *t0 = PyTuple_GET_ITEM(rec, kTStart), *t1 = PyTuple_GET_ITEM(rec, kTEnd),
@@ -717,9 +723,10 @@ PyObject* setup(PyObject*, PyObject* config) {
   PyObject* by_id = PyDict_GetItemString(config, "by_id");
   PyObject* factors = PyDict_GetItemString(config, "factors");
   PyObject* unfinished = PyDict_GetItemString(config, "end_unfinished");
+  PyObject* wait_end = PyDict_GetItemString(config, "end_wait");
   if (by_id == nullptr || !PyList_CheckExact(by_id) || factors == nullptr || !PyDict_CheckExact(factors) ||
-      unfinished == nullptr) {
-    PyErr_SetString(PyExc_ValueError, "fold_setup: by_id (list), factors (dict), end_unfinished needed");
+      unfinished == nullptr || wait_end == nullptr) {
+    PyErr_SetString(PyExc_ValueError, "fold_setup: by_id (list), factors (dict), end_unfinished, end_wait needed");
     return nullptr;
   }
   struct Size {
@@ -755,6 +762,7 @@ PyObject* setup(PyObject*, PyObject* config) {
   Py_XSETREF(G.by_id, Py_NewRef(by_id));
   Py_XSETREF(G.factors, Py_NewRef(factors));
   Py_XSETREF(G.unfinished, Py_NewRef(unfinished));
+  Py_XSETREF(G.wait_end, Py_NewRef(wait_end));
   for (size_t i = 0; i < 5; ++i) *sizes[i].slot = values[i];
   G.ready = true;
   Py_RETURN_NONE;
