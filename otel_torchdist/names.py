@@ -127,7 +127,7 @@ COLL_KIND = "torchdist.collective.kind"  # its nccl-tests family, e.g. all_gathe
 COLL_BACKEND = "torchdist.collective.backend"
 COLL_GROUP_NAME = "torchdist.group.name"
 COLL_GROUP_DESC = "torchdist.group.desc"
-COLL_GROUP_LABEL = "torchdist.group.label"  # the metrics' `group` label value: joins a span to its series
+COLL_GROUP_LABEL = "torchdist.group.label"  # the metrics' `group` label value (past 256 groups: overflow)
 COLL_GROUP_SIZE = "torchdist.group.size"
 COLL_GROUP_RANK = "torchdist.group.rank"
 COLL_GROUP_RANKS = "torchdist.group.ranks"  # member global ranks, only for small groups
@@ -399,6 +399,7 @@ STEP_SPAN_ATTRIBUTES = (
 # Metric attributes (become Prometheus labels)
 M_OP = "op"
 M_GROUP = "group"
+GROUP_OVERFLOW = "overflow"  # the `group` of the collectives of groups past capture/groups.MAX_SERIES_GROUPS
 M_RANK = "rank"
 M_RUN = "run"
 M_KIND = "kind"  # telemetry self-metrics: what was dropped / which component failed

@@ -19,7 +19,7 @@ import torch.distributed as dist
 import otel_torchdist
 from otel_torchdist import names as n
 
-from .harness import read_spans, run_ranks
+from .harness import last_metrics, read_spans, run_ranks
 
 WORLD_SIZES = (2, 4)
 
@@ -401,3 +401,24 @@ def test_a_sparse_all_reduce_is_recorded_with_what_it_holds(native, gloo_alone, 
     (span,) = collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl")))
     a = span["attributes"]
     assert a[n.COLL_MESSAGE_SIZE] == 2 * 8 + 2 * 4 and a[n.COLL_DTYPE] == "float32"
+
+
+@pytest.mark.parametrize("native", ["auto", "off"])
+def test_groups_past_the_cap_share_one_series(fake_pg, instrumented, monkeypatch, native):
+    """A program that makes a group per step (and destroys it) got 30 series a group for the rest of the run,
+    in /metrics, every metric export and the summary: 60 071 series and a 6.4 MB scrape after 2 000 steps.
+    Past MAX_SERIES_GROUPS groups the metrics count them under one group; nothing is lost from the totals."""
+    from otel_torchdist.capture import groups
+
+    monkeypatch.setattr(groups, "MAX_SERIES_GROUPS", 3)
+    folder = instrumented(native=native, trace_first_steps=0, trace_every_steps=0)
+    dist.all_reduce(torch.ones(4))
+    for i in range(6):
+        g = dist.new_group([0, 1, 2, 3])
+        for _ in range(i + 1):
+            dist.all_reduce(torch.ones(4), group=g)
+        dist.destroy_process_group(g)
+    otel_torchdist.uninstrument()
+    points = last_metrics(os.path.join(folder, "metrics.rank0.jsonl"))[n.COLLECTIVE_CALLS.name]
+    calls = {p["attributes"][n.M_GROUP]: int(p["asInt"]) for p in points}
+    assert calls == {"default_pg": 1, "pg1": 1, "pg2": 2, n.GROUP_OVERFLOW: 3 + 4 + 5 + 6}

@@ -13,10 +13,16 @@ import torch
 import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 
+from .. import names as n
+
 _log = logging.getLogger(__name__)
 
 SMALL_GROUP = 16  # member ranks are listed on spans for groups up to this size
 P2P_MARKS = 4096  # point-to-point calls a group remembers the numbers of (GroupInfo.collective_number)
+MAX_SERIES_GROUPS = 256
+"""Groups whose collectives get metric series of their own (30 a pair of op and group, kept for the run, as
+counters must be); the collectives of later groups, a program that makes a group per step or per
+evaluation, share the series of group ``names.GROUP_OVERFLOW``. Their spans keep their own group."""
 
 # How completion of an async collective can be observed on a backend.
 COMPLETION_FUTURE = "future"  # Work.get_future() completes when the collective does (gloo, mpi, ucc, fake)
@@ -31,6 +37,7 @@ class GroupInfo:
         "name",
         "desc",
         "label",
+        "series",
         "size",
         "rank",
         "backend",
@@ -75,6 +82,7 @@ class GroupInfo:
         self.global_ranks: tuple[int, ...] = tuple(_safe(lambda: dist.get_process_group_ranks(pg), ()))
         self.ranks = self.global_ranks if self.size <= SMALL_GROUP else None
         self.label = ""
+        self.series = ""  # the metrics' group label: the label, or names.GROUP_OVERFLOW
         try:
             pg._get_sequence_number_for_group()
             self.seq_supported = True
@@ -192,6 +200,7 @@ def info(pg: Any) -> GroupInfo | None:
         if gi is None:
             gi = GroupInfo(pg)
             gi.label = _unique_label(gi)
+            gi.series = _series_label(gi.label)
             # numbered first: the C++ completion hook is registered with the group's id (an unnumbered
             # group's hook drops every report, as an uninstrumented one does)
             gi.gid = len(BY_ID)
@@ -211,6 +220,7 @@ def unresolved() -> GroupInfo:
         if not _unresolved:
             gi = GroupInfo(None)
             gi.name, gi.desc, gi.label, gi.size, gi.rank, gi.backend = "none", "uninitialized", "uninitialized", 0, -1, "none"
+            gi.series = gi.label
             gi.seq_supported = False
             gi.gid = len(BY_ID)
             BY_ID.append(gi)
@@ -223,6 +233,25 @@ def _unique_label(gi: GroupInfo) -> str:
     label = base if base not in _labels else f"{base}:{gi.name}"
     _labels.add(label)
     return label
+
+
+_series_labels: set[str] = set()  # the groups with series of their own, destroyed ones too
+_overflow_said = [False]
+
+
+def _series_label(label: str) -> str:
+    if label in _series_labels or len(_series_labels) < MAX_SERIES_GROUPS:
+        _series_labels.add(label)
+        return label
+    if not _overflow_said[0]:
+        _overflow_said[0] = True
+        _log.warning(
+            "otel-torchdist: more than %d process groups made: the collectives of group %s and of every later "
+            "one are counted under group=%r in the metrics (each group's series last the run); their spans keep "
+            "their own group",
+            MAX_SERIES_GROUPS, label, n.GROUP_OVERFLOW,
+        )  # fmt: skip
+    return n.GROUP_OVERFLOW
 
 
 def reserve_label(desc: Any) -> None:
@@ -255,6 +284,8 @@ def forget_all() -> None:
             gi.pg = None
         _groups.clear()
         _labels.clear()
+        _series_labels.clear()
+        _overflow_said[0] = False
     _forgotten()
 
 

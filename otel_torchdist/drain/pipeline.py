@@ -339,13 +339,13 @@ class Pipeline:
             else:
                 health.dropped("span")
         if timed:
-            self.store.observe(rec[_OP], gi.label, seconds, nbytes, nbytes * factor, False, exemplar)
+            self.store.observe(rec[_OP], gi.series, seconds, nbytes, nbytes * factor, False, exemplar)
             if self.meter is not None:
-                self.meter.collective(rec[_OP], gi.label, seconds, exemplar)
+                self.meter.collective(rec[_OP], gi.series, seconds, exemplar)
         else:
-            counts = self.untimed.get((rec[_OP], gi.label))
+            counts = self.untimed.get((rec[_OP], gi.series))
             if counts is None:
-                counts = self.untimed[(rec[_OP], gi.label)] = [0, 0]
+                counts = self.untimed[(rec[_OP], gi.series)] = [0, 0]
             counts[0] += 1
             counts[1] += rec[_ERROR] is not None
         seq = rec[_SEQ]

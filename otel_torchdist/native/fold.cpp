@@ -747,7 +747,7 @@ PyObject* setup(PyObject*, PyObject* config) {
     PyObject** slot;
     const char* text;
   } names[] = {{&G.s_size, "size"},
-               {&G.s_label, "label"},
+               {&G.s_label, "series"},
                {&G.s_last_completed, "last_completed"},
                {&G.s_head, "head"},
                {&G.s_tail, "tail"},
