@@ -645,3 +645,19 @@ def test_node_totals_are_not_taken_for_a_ranks_metrics():
     assert (row.count, row.ranks, row.source) == (10, 2, "spans")
     assert report.run.metric_ranks == [] and any("node totals (metrics_aggregation=node, host vm)" in x for x in report.run.notes)
     assert not any(x.startswith("no metrics for") for x in report.run.notes)
+
+
+def test_a_rank_an_elastic_restart_ran_again_adds_both_processes_metrics():
+    """Each process's metrics are cumulative from its own start: after a restart, analyze kept the last
+    process's only (80 all-reduces for 131, attempt 0's failure gone)."""
+    zeros = [0] * (len(n.DURATION_BUCKETS) + 1)
+    first = _collective_metrics(1, "all_reduce", 51, 51_000, 51_000, 0.5, zeros)
+    first.instance, first.time_ns = "run-rank1", 5
+    first.metrics[n.COLLECTIVE_ERRORS.name][0].value = 1
+    again = _collective_metrics(1, "all_reduce", 40, 40_000, 40_000, 0.4, zeros)
+    again.instance, again.time_ns = "run-rank1-attempt1", 9
+    rank0 = _collective_metrics(0, "all_reduce", 40, 40_000, 40_000, 0.4, zeros)
+    report = builders.analyze_records(resources(2) + [first, again, rank0])
+    (row,) = report.ops.rows
+    assert (row.count, row.errors, row.total_bytes, row.source) == (131, 1, 131_000, "metrics")
+    assert any(x.startswith("rank 1 ran in 2 processes (elastic restarts)") for x in report.run.notes), report.run.notes

@@ -403,7 +403,7 @@ def _otlp_metrics(doc: dict[str, Any], ranks: _Ranks) -> list[Record]:
                     for dp in data.get("dataPoints") or ():
                         t = max(t, int(dp.get("timeUnixNano", 0)))
                         points.append(MetricPoint(attributes=_attrs(dp.get("attributes")), value=_number(dp)))
-        out.append(MetricSnapshot(rank=rank, time_ns=t, metrics=metrics))
+        out.append(MetricSnapshot(rank=rank, time_ns=t, metrics=metrics, instance=str(res.get(n.SERVICE_INSTANCE_ID, ""))))
     return out
 
 

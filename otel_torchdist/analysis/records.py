@@ -176,6 +176,8 @@ class MetricSnapshot:
     time_ns: int
     metrics: dict[str, list[MetricPoint]]
     """Metric name (``names.Metric.name``) to its data points."""
+    instance: str = ""
+    """The process's ``service.instance.id``: a rank an elastic restart ran again has one per attempt."""
 
 
 Record = RankResource | Collective | RankStep | Phase | Hang | WarningRecord | Span | MetricSnapshot

@@ -37,6 +37,7 @@ from ..records import (
     Collective,
     Hang,
     Histogram,
+    MetricPoint,
     MetricSnapshot,
     Phase,
     Problem,
@@ -107,7 +108,9 @@ class Analyzer:
         self.span_seq: dict[tuple[int, str], int] = {}
         self.members: dict[tuple[int, str], tuple[int, ...]] = {}
         # metrics
-        self.last_snapshot: dict[int, MetricSnapshot] = {}
+        self.last_snapshot: dict[int, MetricSnapshot] = {}  # per rank, its processes' totals (finish())
+        self._process_snapshot: dict[tuple[int, str], MetricSnapshot] = {}  # (rank, instance) -> its last
+        self._restarted: dict[int, int] = {}  # rank -> processes that ran it, where more than one
         self.node_snapshots: dict[str, int] = {}  # host -> snapshots of node totals (metrics_aggregation=node)
         # The last snapshot holding the group sequence gauges: a rank's final export may lack them (its
         # groups destroyed before it), and hangs are judged from the last state that was recorded.
@@ -297,9 +300,9 @@ class Analyzer:
             host = str(calls[0].attributes.get(n.M_HOST, "?"))
             self.node_snapshots[host] = self.node_snapshots.get(host, 0) + 1
             return
-        last = self.last_snapshot.get(m.rank)
+        last = self._process_snapshot.get((m.rank, m.instance))
         if last is None or m.time_ns >= last.time_ns:
-            self.last_snapshot[m.rank] = m
+            self._process_snapshot[(m.rank, m.instance)] = m
         if n.GROUP_SEQ_STARTED.name in m.metrics:
             last = self.last_seq_snapshot.get(m.rank)
             if last is None or m.time_ns >= last.time_ns:
@@ -317,6 +320,14 @@ class Analyzer:
 
     # ------------------------------------------------------------------------------------ output
     def finish(self, problems: list[Problem] | None = None, *, files: int = 0, lines: int = 0, skipped: int = 0) -> Report:
+        restarted = self._restarted
+        by_rank: dict[int, list[MetricSnapshot]] = {}
+        for (rank, _), snap in self._process_snapshot.items():
+            by_rank.setdefault(rank, []).append(snap)
+        for rank, snaps in by_rank.items():
+            self.last_snapshot[rank] = snaps[0] if len(snaps) == 1 else _processes_totals(snaps)
+            if len(snaps) > 1:
+                restarted[rank] = len(snaps)
         run = self._run_info(problems or [], files, lines, skipped)
         return Report(
             noise_level=self.noise,
@@ -376,6 +387,13 @@ class Analyzer:
             notes.append(
                 f"no spans for rank{'s' if len(without) > 1 else ''} {fmt_ranks(without)}: the per-module, arrival "
                 "and per-step tables leave it out"
+            )
+        if self._restarted:
+            counts = sorted(set(self._restarted.values()))
+            notes.append(
+                f"{_ranks_word(set(self._restarted))} ran in {'/'.join(map(str, counts))} processes (elastic restarts): "
+                "counts, sizes and times add every process's; the per-step tables show a step number each process "
+                "ran once, the last process's where they repeat"
             )
         notes += self._dropped_notes()
         return RunInfo(
@@ -496,6 +514,42 @@ def vars_of(row: ShardingRow) -> list[Any]:
 
 
 # ------------------------------------------------------------------------------- pure functions
+_KIND_OF_METRIC = {m.name: m.instrument for m in n.METRICS}
+
+
+def _processes_totals(snaps: list[MetricSnapshot]) -> MetricSnapshot:
+    """One rank's metrics over the processes that ran it (elastic restarts), each cumulative from its own
+    start: counters and histograms added, gauges the last process's."""
+    snaps = sorted(snaps, key=lambda s: s.time_ns)
+    last = snaps[-1]
+    metrics: dict[str, list[MetricPoint]] = {}
+    for name in {name for s in snaps for name in s.metrics}:
+        if _KIND_OF_METRIC.get(name, "gauge") == "gauge":
+            metrics[name] = list(last.metrics.get(name, ()))
+            continue
+        summed: dict[frozenset, MetricPoint] = {}
+        for s in snaps:
+            for p in s.metrics.get(name, ()):
+                key = frozenset(p.attributes.items())
+                known = summed.get(key)
+                summed[key] = p if known is None else MetricPoint(attributes=p.attributes, value=_plus(known.value, p.value))
+        metrics[name] = list(summed.values())
+    return MetricSnapshot(rank=last.rank, time_ns=last.time_ns, metrics=metrics, instance=last.instance)
+
+
+def _plus(a, b):
+    if isinstance(a, Histogram) and isinstance(b, Histogram):
+        if a.bounds != b.bounds:
+            return b  # re-bucketed between processes: the later one's alone
+        mins = [m for m in (a.min, b.min) if m is not None]
+        maxs = [m for m in (a.max, b.max) if m is not None]
+        return Histogram(count=a.count + b.count, sum=a.sum + b.sum, bounds=a.bounds,
+                         bucket_counts=tuple(x + y for x, y in zip(a.bucket_counts, b.bucket_counts)),
+                         min=min(mins) if mins else None, max=max(maxs) if maxs else None)  # fmt: skip
+    if isinstance(a, Histogram) or isinstance(b, Histogram):
+        return b
+    return a + b
+
 def _ranks_word(ranks: set[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {fmt_ranks(sorted(ranks))}"
 
