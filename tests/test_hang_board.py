@@ -201,6 +201,8 @@ def test_a_hung_receive_says_where_its_peer_is_and_no_verdict(tmp_path, op):
     assert line.startswith(f"collective {op} on group default_pg (sequence number 3) has been in flight for "), line
     assert "; its peer rank 0: no collective in flight; reported " in line and "not started" not in line, line
     assert results[0]["hang_lines"] == []
+    (hang,) = [s for s in read_spans(os.path.join(str(tmp_path), "runs", "recv-late", "traces.rank1.jsonl")) if s["name"] == n.SPAN_HANG]
+    assert hang["attributes"][n.COLL_PEER] == 0  # whom it waits on, without reading the message
 
 
 def test_an_isend_overlapping_compute_and_waited_later_is_no_hang(tmp_path):

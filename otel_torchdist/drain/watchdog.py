@@ -168,11 +168,12 @@ class Watchdog:
         )
         number = _number(rec, gi, seq)
         missing = None
+        peers = _peers(rec, gi) if number is None else []
         if self.board is None:
             pass
         elif number is not None:
             missing = self.board.lookup(gi.label, gi.global_ranks, number, rec[R.OP])
-        elif peers := _peers(rec, gi):
+        elif peers:
             # only the peers take part: where they are, not whether they posted the matching calls
             places = self.board.lookup(gi.label, tuple(peers), None, rec[R.OP])
             message += "".join(f"; its peer rank {m.rank}: {m.detail}" for m in places or ())
@@ -205,6 +206,8 @@ class Watchdog:
         ranks = (n.HANG_MISSING_RANKS, tuple(m.rank for m in missing or ()))
         if missing:
             attrs.append(ranks)
+        if peers:  # a point-to-point call's: whom it waits on, without reading the message
+            attrs.append((n.COLL_PEER, peers[0]) if len(peers) == 1 else (n.COLL_PEERS, tuple(str(p) for p in peers)))
         span = SpanData(n.SPAN_HANG, trace, new_span_id(), parent, rec[R.T_START] + off, now + off, attrs)
         span.events.append((n.HANG_EVENT, now + off, [(n.COLL_SEQ, seq), (n.HANG_WAITED, age)]))
         if missing:
