@@ -263,15 +263,22 @@ def reinit(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     to the store stop with the first and start again with the second."""
     import threading
 
+    import logging
+
+    said: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: said.append(record.getMessage())
+    logging.getLogger("otel_torchdist").addHandler(handler)
     _instrument(out, f"reinit-ws{ws}", hang_threshold=30.0, straggler_exchange_steps=5)
     threads = []
-    for init_method in (None, f"tcp://127.0.0.1:{port + 1}"):
-        dist.init_process_group("gloo", rank=rank, world_size=ws, **({"init_method": init_method} if init_method else {}))
+    for again, init_method in enumerate((None, f"tcp://127.0.0.1:{port + 1}")):
+        me = ws - 1 - rank if again and args.get("swap") else rank  # the second world numbers the ranks the other way
+        dist.init_process_group("gloo", rank=me, world_size=ws, **({"init_method": init_method} if init_method else {}))
         dist.all_reduce(torch.ones(4))
         threads.append(sorted(t.name for t in threading.enumerate() if t.name.startswith("otel-torchdist")))
         dist.destroy_process_group()
     otel_torchdist.uninstrument()
-    return {"threads": threads}
+    return {"threads": threads, "said": said}
 
 
 def user_span_steps(rank: int, ws: int, port: int, out: str, args: dict) -> dict:

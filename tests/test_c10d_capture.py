@@ -422,3 +422,29 @@ def test_groups_past_the_cap_share_one_series(fake_pg, instrumented, monkeypatch
     points = last_metrics(os.path.join(folder, "metrics.rank0.jsonl"))[n.COLLECTIVE_CALLS.name]
     calls = {p["attributes"][n.M_GROUP]: int(p["asInt"]) for p in points}
     assert calls == {"default_pg": 1, "pg1": 1, "pg2": 2, n.GROUP_OVERFLOW: 3 + 4 + 5 + 6}
+
+
+def test_a_never_waited_work_is_evicted_and_recorded_unfinished(monkeypatch):
+    """A work with no completion signal but wait() (gloo's sends and receives) is held until it is waited;
+    one never waited is held until MAX_PENDING_WAITS are pending, then recorded unfinished: bounded, and
+    nothing lost. (Plain objects stand for gloo's works: holding them is what is tested.)"""
+    from otel_torchdist.capture import completion
+    from otel_torchdist.capture import record as R
+
+    monkeypatch.setattr(completion, "MAX_PENDING_WAITS", 3)
+    monkeypatch.setattr(completion, "_pending_waits", {})
+    monkeypatch.setattr(R, "QUEUE", type(R.QUEUE)())
+    monkeypatch.setattr(R, "_limit", [100])
+
+    class Work:  # no get_future, no add_done_callback: only wait()
+        pass
+
+    works = [Work() for _ in range(5)]
+    recs = [R.new("isend", "send_recv", "c10d", 0) for _ in works]
+    for rec, work in zip(recs, works):
+        completion.track(rec, [work])
+    assert list(completion._pending_waits) == works[2:]  # the two oldest let go
+    assert [r[R.END] for r in recs[:2]] == [n.END_UNFINISHED] * 2 and len(R.QUEUE) == 2
+    completion.on_wait_entered(works[4])
+    completion.on_wait_returned(works[4])
+    assert recs[4][R.END] == n.END_WAIT and works[4] not in completion._pending_waits

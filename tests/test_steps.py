@@ -1146,6 +1146,18 @@ def test_the_store_threads_start_again_with_a_process_group_made_after_destroy(t
             assert name in first and name in second, (first, second)
 
 
+def test_a_process_group_with_another_rank_keeps_the_first_identity_and_says_so(tmp_path):
+    """A process's series cannot change rank: with another rank in the second world, the process keeps the
+    identity its telemetry started with, and the threads that compare ranks stay off, with one warning."""
+    results = run_ranks("scenarios_steps:reinit", 2, str(tmp_path), {"swap": True})
+    for rank, result in enumerate(results):
+        first, second = result["threads"]
+        assert "otel-torchdist-hang-board" in first and "otel-torchdist-hang-board" not in second
+        other = 1 - rank
+        line = f"a process group with rank {other} of 2 after rank {rank} of 2 was destroyed: the straggler exchange"
+        assert [m for m in result["said"] if line in m], result["said"]
+
+
 def test_a_sampled_zero_based_loops_step_time_leaves_out_a_set_up_step_the_metrics_never_counted(fake_pg, instrumented):
     """The set-up step explicit steps take over never had an optimizer step: traced, marked set-up, and left
     out of the step metrics. analyze took its duration out of the metrics' totals all the same: a 4 ms
