@@ -13,14 +13,12 @@ rank, process group and op, with nccl-tests' message size and bus bandwidth. Opt
 from __future__ import annotations
 
 import contextlib
+import sys
 from typing import Any
 
 from ._version import __version__
 from .callbacks import HangEvent, NonFiniteLossEvent, SlowStepEvent, StragglerEvent, on
-from .instrumentor import TorchDistributedInstrumentor
-
 from .logs import get_logger, rank_zero_info, rank_zero_only, rank_zero_warning
-from .steps import TRACKER as _TRACKER
 
 __all__ = [
     "instrument",
@@ -47,22 +45,36 @@ __all__ = [
 ]
 
 
+def __getattr__(name: str) -> Any:
+    # torch is imported when instrumenting, not with the package: the CLI's analysis commands run without it
+    if name == "TorchDistributedInstrumentor":
+        from .instrumentor import TorchDistributedInstrumentor
+
+        return TorchDistributedInstrumentor
+    raise AttributeError(f"module 'otel_torchdist' has no attribute {name!r}")
+
+
 def instrument(**options: Any) -> None:
     """Start capturing. Keyword options override environment variables; see ``otel_torchdist.config``.
 
     Raises ``ValueError`` naming the option or variable when a setting is invalid (nothing is patched
     then). Calling it again while instrumented only warns.
     """
+    from .instrumentor import TorchDistributedInstrumentor
+
     TorchDistributedInstrumentor().instrument(**options)
 
 
 def uninstrument() -> None:
     """Restore every patched attribute, flush telemetry, stop background threads and servers."""
+    from .instrumentor import TorchDistributedInstrumentor
+
     TorchDistributedInstrumentor().uninstrument()
 
 
 def _tracker():
-    return _TRACKER[0]  # the running runtime's step tracker, or None
+    steps = sys.modules.get("otel_torchdist.steps")  # not imported: nothing instrumented yet
+    return steps.TRACKER[0] if steps is not None else None  # the running runtime's step tracker, or None
 
 
 def step_begin(n: int | None = None, *, total: int | None = None) -> int | None:

@@ -12,17 +12,18 @@ import logging
 import os
 import sys
 from collections.abc import Collection, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from opentelemetry.instrumentation.instrumentor import BaseInstrumentor
 from opentelemetry.metrics import MeterProvider
 from opentelemetry.trace import TracerProvider
 
 from . import config as _config
-from . import runtime as _runtime
-from .runtime import process as _process
 from .export import providers as _providers
 from .package import _instruments
+
+if TYPE_CHECKING:
+    from .runtime import Runtime
 
 
 class TorchDistributedInstrumentor(BaseInstrumentor):
@@ -30,13 +31,16 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         return _instruments
 
     def instrument(self, **kwargs: Any) -> Any:
-        running = _runtime.current()
+        # The runtime (and torch) only once instrumenting: without torch, BaseInstrumentor's dependency check
+        # says so, as contrib's instrumentors do, and the CLI's analysis commands work without torch.
+        runtime = sys.modules.get("otel_torchdist.runtime")
+        running = runtime.current() if runtime is not None else None
         if self._is_instrumented_by_opentelemetry and running is not None:
             _warn_ignored(running, kwargs)
             return None
-        if running is None and _process.inherited():
+        if running is None and runtime is not None and runtime.process.inherited():
             # a fork of an instrumented process (a rank a fork launcher started) instruments itself
-            _process.abandon_inherited()
+            runtime.process.abandon_inherited()
             self._is_instrumented_by_opentelemetry = False
         return super().instrument(**kwargs)
 
@@ -53,6 +57,8 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         cfg = _config.load(kwargs)
         if cfg.disabled:
             return
+        from . import runtime as _runtime
+
         rt = _runtime.Runtime(cfg, tracer_provider, meter_provider)
         try:
             rt.start()
@@ -62,7 +68,9 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
         _runtime.install(rt)
 
     def _uninstrument(self, **kwargs: Any) -> None:
-        _process.abandon_inherited()
+        from . import runtime as _runtime
+
+        _runtime.process.abandon_inherited()
         rt = _runtime.remove()
         if rt is not None:
             rt.close(restore=True)
@@ -71,7 +79,7 @@ class TorchDistributedInstrumentor(BaseInstrumentor):
 _BASE_OPTIONS = ("skip_dep_check", "raise_exception_on_conflict")
 
 
-def _warn_ignored(running: _runtime.Runtime, options: dict[str, Any]) -> None:
+def _warn_ignored(running: Runtime, options: dict[str, Any]) -> None:
     """BaseInstrumentor's own warning names no option: a user who passed service_name= a second time
     needs to know it is not in force, and what is."""
     log = logging.getLogger("otel_torchdist")

@@ -526,3 +526,32 @@ def test_plot_draws_every_ranks_part_of_a_step_begun_inside_the_programs_spans(t
     assert {r.rank for r in records} == {0, 1}
     assert {(type(r).__name__, r.rank) for r in records} >= {("RankStep", 0), ("RankStep", 1), ("Collective", 0), ("Collective", 1)}
     assert all(r.step == 3 for r in records if type(r).__name__ == "RankStep")
+
+
+_WITHOUT_TORCH = """
+import importlib.abc, json, sys
+
+class NoTorch(importlib.abc.MetaPathFinder):  # a laptop's Python, where torch is not installed
+    def find_spec(self, name, path, target=None):
+        if name == "torch" or name.startswith("torch."):
+            raise ModuleNotFoundError("No module named 'torch'")
+
+sys.meta_path.insert(0, NoTorch())
+from otel_torchdist import cli
+for argv in (["analyze", sys.argv[1], "--json"], ["compare", sys.argv[1], sys.argv[1]], ["export", sys.argv[1], "--perfetto", sys.argv[2]]):
+    assert cli.main(argv) == 0, argv
+print("torch" in sys.modules)
+"""
+
+
+def test_the_analysis_commands_run_without_torch(tmp_path):
+    """analyze, compare and export read run folders: a laptop without torch ran none of them (the package's
+    import pulled in the instrumentation, and torch with it). Simulated by refusing torch's import."""
+    import subprocess
+    import sys
+
+    write_run(tmp_path / "run", world=2, step_s=0.05, busbw_gbps=10.0)
+    done = subprocess.run([sys.executable, "-c", _WITHOUT_TORCH, str(tmp_path / "run"), str(tmp_path / "t.json")],
+                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert done.stdout.strip().splitlines()[-1] == "False"
