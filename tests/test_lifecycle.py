@@ -225,3 +225,24 @@ def test_a_destroyed_group_leaves_the_functional_collectives_cache(fake_pg, inst
     del sub
     gc.collect()
     assert gone() is None and not funcol._group_cache
+
+
+def test_an_explicit_flush_at_the_end_shares_the_ends_flush_timeout(fake_pg, instrumented, monkeypatch):
+    """destroy_process_group() starts the process's end, whose flushes share one flush_timeout: a flush() of
+    the program's after it waited a whole flush_timeout more (7.5 s against a never-answering endpoint
+    where the issue allows 5)."""
+    import torch.distributed as dist
+
+    import otel_torchdist
+    from otel_torchdist import runtime
+
+    instrumented(flush_timeout=5.0)
+    rt = runtime.current()
+    asked: list[float] = []
+    monkeypatch.setattr(rt.pipeline, "flush", lambda timeout, **kw: asked.append(timeout) or True)
+    otel_torchdist.flush()
+    dist.destroy_process_group()  # the end begins: its own flush takes what it needs of the 5 s
+    otel_torchdist.flush()
+    otel_torchdist.flush(timeout=1.0)  # a timeout of the program's own is its own
+    assert asked[0] == 5.0 and asked[-1] == 1.0
+    assert asked[-2] <= rt.end_budget() + 0.01 and asked[-2] <= asked[-3] <= 5.0

@@ -243,7 +243,12 @@ class Runtime:
             return max(0.0, self._end_by - time.monotonic())
 
     def flush(self, timeout: float | None = None) -> bool:
-        return self.pipeline.flush(self.cfg.flush_timeout if timeout is None else timeout)
+        if timeout is None:
+            timeout = self.cfg.flush_timeout
+            with self._lock:
+                if self._end_by is not None:  # the process is ending (end_budget): a flush of yours is one more
+                    timeout = min(timeout, max(0.0, self._end_by - time.monotonic()))
+        return self.pipeline.flush(timeout)
 
     def closing_here(self) -> bool:
         """Whether the calling thread is inside :meth:`close` (a SIGTERM handler interrupting it)."""
