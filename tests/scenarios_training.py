@@ -725,3 +725,23 @@ def ddp_numerics(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 def _with_builtin_hook(model):
     model._register_builtin_comm_hook(dist.BuiltinCommHookType.ALLREDUCE)
     return model
+
+
+def unpatched_init(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """The process group made where no patch sees it: through ``init_device_mesh`` (which calls torch's
+    own binding of init_process_group), or through a name the program imported before instrument()."""
+    from torch.distributed import init_process_group  # bound before instrument(): torch's own function
+    from torch.distributed.device_mesh import init_device_mesh
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(ws))
+    _instrument(out, f"unpatched-{args['how']}")
+    if args["how"] == "mesh":
+        mesh = init_device_mesh("cpu", (ws,), mesh_dim_names=("dp",))
+        group = mesh.get_group("dp")
+    else:
+        init_process_group("gloo", rank=rank, world_size=ws)
+        group = None
+    for _ in range(5):
+        dist.all_reduce(torch.ones(4), group=group)
+    _finish()
+    return {}

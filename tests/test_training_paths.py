@@ -660,3 +660,17 @@ def test_tensor_parallel_traces_read_right_in_jaeger(tp_job):
 
 def test_fsdp2_and_ddp_traces_read_right_in_jaeger(fsdp2_job, ddp_job):
     assert _reads_right(fsdp2_job) == [] and _reads_right(ddp_job) == []
+
+
+@pytest.mark.parametrize("how", ["mesh", "name"])
+def test_a_process_group_made_where_no_patch_sees_it_still_exports(tmp_path, how):
+    """init_device_mesh calls its own binding of init_process_group, as does a program that imported the
+    name before instrument(): the rank never learnt who it was, its collectives waited in the queue and were
+    lost at exit with nothing said (no run folder, no summary). The first group met tells it."""
+    out = str(tmp_path)
+    run_ranks("scenarios_training:unpatched_init", 2, out, {"how": how})
+    folder = os.path.join(out, "runs", f"unpatched-{how}")
+    for rank in range(2):
+        m = last_metrics(os.path.join(folder, f"metrics.rank{rank}.jsonl"))
+        calls = {p["attributes"][n.M_GROUP]: int(p["asInt"]) for p in m[n.COLLECTIVE_CALLS.name]}
+        assert calls == {"default_pg": 5}, calls  # a 1-D mesh of the whole world is the default group

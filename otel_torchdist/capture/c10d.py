@@ -664,6 +664,9 @@ def patches() -> list[Patch]:
         table.append(Patch(ns, "init_process_group", _wrap_init))
         table.append(Patch(ns, "new_group", _wrap_new_group))
         table.append(Patch(ns, "destroy_process_group", _wrap_destroy))
+    mesh = sys.modules.get("torch.distributed.device_mesh")
+    if mesh is not None:  # init_device_mesh calls its own bindings of these, made when torch.distributed loads
+        table += [Patch(mesh, "init_process_group", _wrap_init), Patch(mesh, "new_group", _wrap_new_group)]
     pg = c10d.ProcessGroup
     table += [
         Patch(pg, "send", _pg_p2p("isend", True)),

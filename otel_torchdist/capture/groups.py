@@ -197,7 +197,8 @@ def info(pg: Any) -> GroupInfo | None:
         forget_destroyed(name)
     with _lock:
         gi = _groups.get(pg)
-        if gi is None:
+        made = gi is None
+        if made:
             gi = GroupInfo(pg)
             gi.label = _unique_label(gi)
             gi.series = _series_label(gi.label)
@@ -207,7 +208,16 @@ def info(pg: Any) -> GroupInfo | None:
             BY_ID.append(gi)
             _attach_completion(gi)
             _groups[pg] = gi
+    if made:
+        for fn in list(ON_NEW_GROUP):
+            fn()
     return gi
+
+
+ON_NEW_GROUP: list[Any] = []
+"""Called when a group is first met (outside the lock): the runtime learns the process group exists where
+init_process_group ran unpatched (``from torch.distributed import init_process_group`` before
+instrument(), init_device_mesh's own binding)."""
 
 
 _unresolved: list[GroupInfo] = []

@@ -112,6 +112,7 @@ class Runtime:
         signals.install(lambda: self.close(restore=False), self.flush, self.on_uncaught, self.closing_here)
         c10d._on_init.append(self.on_process_group)
         c10d._on_destroy.append(self.on_destroy)
+        groups.ON_NEW_GROUP.append(self.on_group)
         self.pipeline.start()
         import torch.distributed as dist
 
@@ -183,6 +184,16 @@ class Runtime:
             import torch.distributed as dist
 
             self.ranks.rejoin(ident, dist.get_rank(), dist.get_world_size())
+
+    def on_group(self) -> None:
+        """A group is met: the process group exists, though this runtime may not have seen it made (the
+        program bound init_process_group before instrument(); init_device_mesh binds its own): all its
+        telemetry waited in the queue, and was lost at exit."""
+        if self.identity is None and not self._closed:
+            import torch.distributed as dist
+
+            if dist.is_initialized():
+                self.on_process_group()
 
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
@@ -293,7 +304,7 @@ class Runtime:
         signals.uninstall()
 
     def _unhook(self) -> None:
-        for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy)):
+        for hooks, fn in ((c10d._on_init, self.on_process_group), (c10d._on_destroy, self.on_destroy), (groups.ON_NEW_GROUP, self.on_group)):
             if fn in hooks:
                 hooks.remove(fn)
         if optim.closer[0] == self.steps.on_optimizer_step:
