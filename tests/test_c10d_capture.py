@@ -19,7 +19,7 @@ import torch.distributed as dist
 import otel_torchdist
 from otel_torchdist import names as n
 
-from .harness import last_metrics, read_spans, run_ranks
+from .harness import collective_spans, last_metrics, read_spans, run_ranks
 
 WORLD_SIZES = (2, 4)
 
@@ -448,3 +448,23 @@ def test_a_never_waited_work_is_evicted_and_recorded_unfinished(monkeypatch):
     completion.on_wait_entered(works[4])
     completion.on_wait_returned(works[4])
     assert recs[4][R.END] == n.END_WAIT and works[4] not in completion._pending_waits
+
+
+def test_the_spans_of_groups_past_the_cap_carry_the_metrics_label(fake_pg, instrumented, monkeypatch):
+    """A span's torchdist.group.label joins it to its series: analyze counted the traced calls of groups past
+    the cap twice, once in the overflow series and once from their spans under their own label."""
+    from otel_torchdist.analysis import loader, builders
+    from otel_torchdist.capture import groups
+
+    monkeypatch.setattr(groups, "MAX_SERIES_GROUPS", 3)
+    folder = instrumented()
+    for _ in range(6):
+        with otel_torchdist.step():
+            g = dist.new_group([0, 1, 2, 3])
+            dist.all_reduce(torch.ones(4), group=g)
+            dist.destroy_process_group(g)
+    otel_torchdist.uninstrument()
+    labels = Counter(s["attributes"][n.COLL_GROUP_LABEL] for s in collective_spans(read_spans(os.path.join(folder, "traces.rank0.jsonl"))))
+    assert labels == {"pg1": 1, "pg2": 1, n.GROUP_OVERFLOW: 4}, labels
+    rows = builders.analyze_records(loader.iter_records(loader.discover(folder), [])).ops.rows
+    assert sum(r.count for r in rows) == 6, [(r.group, r.count) for r in rows]

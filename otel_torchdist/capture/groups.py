@@ -22,7 +22,8 @@ P2P_MARKS = 4096  # point-to-point calls a group remembers the numbers of (Group
 MAX_SERIES_GROUPS = 256
 """Groups whose collectives get metric series of their own (30 a pair of op and group, kept for the run, as
 counters must be); the collectives of later groups, a program that makes a group per step or per
-evaluation, share the series of group ``names.GROUP_OVERFLOW``. Their spans keep their own group."""
+evaluation, share the series of group ``names.GROUP_OVERFLOW``, the label their spans carry too (with their
+own group's name and description)."""
 
 # How completion of an async collective can be observed on a backend.
 COMPLETION_FUTURE = "future"  # Work.get_future() completes when the collective does (gloo, mpi, ucc, fake)
@@ -257,8 +258,8 @@ def _series_label(label: str) -> str:
         _overflow_said[0] = True
         _log.warning(
             "otel-torchdist: more than %d process groups made: the collectives of group %s and of every later "
-            "one are counted under group=%r in the metrics (each group's series last the run); their spans keep "
-            "their own group",
+            "one are counted under group=%r in the metrics (each group's series last the run); their spans carry "
+            "their own group's name and description",
             MAX_SERIES_GROUPS, label, n.GROUP_OVERFLOW,
         )  # fmt: skip
     return n.GROUP_OVERFLOW

@@ -56,7 +56,7 @@ def group_attributes(gi: Any) -> tuple[tuple[str, Any], ...]:
             (n.COLL_BACKEND, gi.backend),
             (n.COLL_GROUP_NAME, gi.name),
             (n.COLL_GROUP_DESC, gi.desc),
-            (n.COLL_GROUP_LABEL, gi.label),
+            (n.COLL_GROUP_LABEL, gi.series),  # the metrics' group: past MAX_SERIES_GROUPS groups, theirs is shared
             (n.COLL_GROUP_SIZE, gi.size),
             (n.COLL_GROUP_RANK, gi.rank),
         ]

@@ -111,6 +111,7 @@ class Analyzer:
         self.last_snapshot: dict[int, MetricSnapshot] = {}  # per rank, its processes' totals (finish())
         self._process_snapshot: dict[tuple[int, str], MetricSnapshot] = {}  # (rank, instance) -> its last
         self._restarted: dict[int, int] = {}  # rank -> processes that ran it, where more than one
+        self.last_process: dict[int, MetricSnapshot] = {}  # such a rank's last process's own snapshot
         self.node_snapshots: dict[str, int] = {}  # host -> snapshots of node totals (metrics_aggregation=node)
         # The last snapshot holding the group sequence gauges: a rank's final export may lack them (its
         # groups destroyed before it), and hangs are judged from the last state that was recorded.
@@ -328,6 +329,7 @@ class Analyzer:
             self.last_snapshot[rank] = snaps[0] if len(snaps) == 1 else _processes_totals(snaps)
             if len(snaps) > 1:
                 restarted[rank] = len(snaps)
+                self.last_process[rank] = max(snaps, key=lambda s: s.time_ns)
         run = self._run_info(problems or [], files, lines, skipped)
         return Report(
             noise_level=self.noise,
@@ -470,8 +472,8 @@ class Analyzer:
             )
         return notes
 
-    def metric_value(self, rank: int, metric: n.Metric) -> float | None:
-        snap = self.last_snapshot.get(rank)
+    def metric_value(self, rank: int, metric: n.Metric, snap: MetricSnapshot | None = None) -> float | None:
+        snap = snap or self.last_snapshot.get(rank)
         if snap is None:
             return None
         points = snap.metrics.get(metric.name)
@@ -483,15 +485,18 @@ class Analyzer:
             total += v.sum if isinstance(v, Histogram) else float(v)
         return total
 
-    def totals(self) -> list[StepTotals]:
+    def totals(self, last_process: bool = False) -> list[StepTotals]:
+        """Per rank, its step totals from the metrics; ``last_process``: of a restarted rank, its last process's
+        alone (the one whose set-up step the traces hold)."""
         out = []
         for rank in sorted(self.last_snapshot):
-            steps = self.metric_value(rank, n.STEPS_METRIC)
+            snap = self.last_process.get(rank) if last_process else None
+            steps = self.metric_value(rank, n.STEPS_METRIC, snap)
             if not steps:
                 continue
-            compute = self.metric_value(rank, n.STEP_COMPUTE_TIME) or 0.0
-            wait = self.metric_value(rank, n.STEP_COLLECTIVE_WAIT_TIME) or 0.0
-            total = self.metric_value(rank, n.STEP_DURATION_METRIC)
+            compute = self.metric_value(rank, n.STEP_COMPUTE_TIME, snap) or 0.0
+            wait = self.metric_value(rank, n.STEP_COLLECTIVE_WAIT_TIME, snap) or 0.0
+            total = self.metric_value(rank, n.STEP_DURATION_METRIC, snap)
             out.append(
                 StepTotals(
                     rank=rank,
@@ -499,8 +504,8 @@ class Analyzer:
                     total_s=total if total is not None else compute + wait,
                     compute_s=compute,
                     wait_s=wait,
-                    samples=self.metric_value(rank, n.TRAIN_SAMPLES),
-                    tokens=self.metric_value(rank, n.TRAIN_TOKENS),
+                    samples=self.metric_value(rank, n.TRAIN_SAMPLES, snap),
+                    tokens=self.metric_value(rank, n.TRAIN_TOKENS, snap),
                 )
             )
         return out
@@ -515,11 +520,12 @@ def vars_of(row: ShardingRow) -> list[Any]:
 
 # ------------------------------------------------------------------------------- pure functions
 _KIND_OF_METRIC = {m.name: m.instrument for m in n.METRICS}
+_KIND_OF_METRIC[n.GPU_ECC_ERRORS.name] = "gauge"  # NVML's count since the driver loaded: the device's, not a process's
 
 
 def _processes_totals(snaps: list[MetricSnapshot]) -> MetricSnapshot:
     """One rank's metrics over the processes that ran it (elastic restarts), each cumulative from its own
-    start: counters and histograms added, gauges the last process's."""
+    start: counters and histograms added, gauges (and a device's own totals) the last process's."""
     snaps = sorted(snaps, key=lambda s: s.time_ns)
     last = snaps[-1]
     metrics: dict[str, list[MetricPoint]] = {}

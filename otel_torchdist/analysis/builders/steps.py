@@ -63,7 +63,9 @@ def build(an: Analyzer) -> StepsTable:
     usable = [r for r in rows if not r.setup]
     step_compute = step_wait = statistic = None
     counted = max((t.steps for t in totals), default=0)
-    steady = _steady_means(an, totals, first) if counted > len(rows) else None
+    # a restarted rank's processes each began with a set-up step: its last process's steps alone, whose set-up
+    # the traces hold
+    steady = _steady_means(an, an.totals(last_process=True), first) if counted > len(rows) else None
     if steady is not None:
         # Sampled runs trace the first steps and every hundredth: their median is mostly warm-up. The
         # metrics count every step; the traced set-up step is taken out of them.
