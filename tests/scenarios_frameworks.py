@@ -156,3 +156,27 @@ def titan_style(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     otel_torchdist.uninstrument()
     dist.destroy_process_group()
     return {"optimizer_steps": OPTIMIZER_STEPS}
+
+
+def accelerate_epochs(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
+    """Accelerate without accumulation over two epochs: its DataLoaderShard fetches a batch ahead, so an
+    epoch's last batch is handed out without a fetch."""
+    from accelerate import Accelerator
+
+    _instrument(out, "accelerate-epochs")
+    accelerator = Accelerator(cpu=True)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=1e-3)
+    model, opt, loader = accelerator.prepare(model, opt, torch.utils.data.DataLoader(_data(0), batch_size=BATCH))
+    steps = 0
+    for _ in range(2):
+        for x, y in loader:
+            accelerator.backward(nn.functional.mse_loss(model(x), y))
+            opt.step()
+            opt.zero_grad()
+            steps += 1
+    otel_torchdist.uninstrument()
+    accelerator.end_training()
+    if dist.is_initialized():
+        dist.destroy_process_group()
+    return {"optimizer_steps": steps}

@@ -91,3 +91,22 @@ def test_lightnings_logged_syncs_are_no_models_forward(loop):
         logged = [a for a in colls if a[n.COLL_OP] in ("barrier", "all_reduce") and a.get(n.COLL_PHASE) != "backward"]
         assert logged and all(a.get(n.COLL_PHASE, "other") == "other" and not a.get(n.COLL_MODULE) for a in logged), logged
         assert not [a for a in colls if "DistributedDataParallel" in str(a.get(n.COLL_MODULE, ""))]
+
+
+def test_accelerates_loader_that_fetches_ahead_gives_a_step_per_optimizer_step(tmp_path):
+    """DataLoaderShard reads its loader a batch ahead and hands out an epoch's last batch without a fetch:
+    that iteration was counted in the step before it (6 steps for 8 optimizer steps over two epochs)."""
+    if importlib.util.find_spec("accelerate") is None:
+        pytest.skip("accelerate is not installed (pip install -e '.[frameworks]')")
+    results = run_ranks("scenarios_frameworks:accelerate_epochs", 2, str(tmp_path), {}, timeout=280)
+    folder = os.path.join(str(tmp_path), "runs", "accelerate-epochs")
+    every = []
+    for rank in range(2):
+        (point,) = last_metrics(os.path.join(folder, f"metrics.rank{rank}.jsonl"))[n.STEPS_METRIC.name]
+        assert int(point["asInt"]) == results[rank]["optimizer_steps"] > 4
+        spans = read_spans(os.path.join(folder, f"traces.rank{rank}.jsonl"))
+        steps = {s["spanId"] for s in spans if s["name"] == n.SPAN_RANK_STEP}
+        per_step = [sum(1 for s in spans if s.get("parentSpanId") == step and s["name"] == n.SPAN_OPTIMIZER_STEP) for step in steps]
+        assert per_step.count(1) == results[rank]["optimizer_steps"], per_step
+        every += spans
+    assert trace_layout_problems(every) == []

@@ -67,3 +67,61 @@ def patches() -> list[Patch]:
     from torch.utils.data import dataloader
 
     return [Patch(dataloader._BaseDataLoaderIter, "__next__", _wrap_next)]
+
+
+def _wrap_iter(original: Any) -> Any:
+    """A loader that hands out batches from a generator reading another loader one batch ahead (Accelerate's
+    DataLoaderShard, which Hugging Face's Trainer uses too): its hand-out is the batch, not the inner fetch,
+    which comes an iteration early and not at all before an epoch's last batch (whose iteration was counted
+    in the step before it)."""
+
+    @functools.wraps(original)
+    def __iter__(self: Any) -> Any:
+        batches = original(self)
+        key = None
+        try:
+            while True:
+                fetch = FETCH[0]
+                if fetch is None and not TIMED[0] or _is_compiling() or getattr(_tls, "inside", False):
+                    try:
+                        batch = next(batches)
+                    except StopIteration:
+                        return
+                    yield batch
+                    continue
+                t0 = perf_counter_ns()
+                _tls.inside = True  # the inner loader's fetch steps aside: this hand-out is the batch
+                try:
+                    batch = next(batches)
+                except StopIteration:
+                    return
+                finally:
+                    _tls.inside = False
+                if fetch is not None:
+                    if key is None:  # known as its inner loader would be (steps.loader_key)
+                        key = _Batches(getattr(self, "_index_sampler", None), getattr(self, "dataset", None))
+                    try:
+                        fetch(t0, key)
+                    except Exception as exc:
+                        health.error("steps", "could not end a training step at a batch fetch", exc)
+                if TIMED[0]:
+                    WAITS.append(perf_counter_ns() - t0)
+                yield batch
+        finally:
+            batches.close()  # a loop left early closes the loader's generator, as iterating it directly does
+
+    return __iter__
+
+
+class _Batches:
+    __slots__ = ("_index_sampler", "_dataset")
+
+    def __init__(self, index_sampler: Any, dataset: Any) -> None:
+        self._index_sampler = index_sampler
+        self._dataset = dataset
+
+
+def accelerate_patches() -> list[Patch]:
+    from accelerate import data_loader
+
+    return [Patch(getattr(data_loader, name), "__iter__", _wrap_iter) for name in ("DataLoaderShard", "DataLoaderDispatcher") if hasattr(data_loader, name)]

@@ -51,7 +51,12 @@ def _framework_captures():
         ("checkpoint", checkpoint, "torch.distributed.checkpoint"),
         ("backward", steps, None),
         ("dataloader", dataloader_capture, None),
+        ("dataloader", _AccelerateLoaders, "accelerate.data_loader"),
     )
+
+
+class _AccelerateLoaders:
+    patches = staticmethod(dataloader_capture.accelerate_patches)
 
 
 class Runtime:
