@@ -163,6 +163,8 @@ def loader_key(iterator: Any) -> tuple:
     batches = getattr(iterator, "_index_sampler", None)
     if batches is None:
         return (id(iterator),)
+    if not hasattr(batches, "sampler") and hasattr(batches, "batch_sampler"):
+        batches = batches.batch_sampler  # Accelerate's BatchSamplerShard: the batch sampler it shards
     sampler = getattr(batches, "sampler", batches)
     return (
         id(getattr(iterator, "_dataset", None)), type(batches), getattr(batches, "batch_size", None),

@@ -160,14 +160,19 @@ def titan_style(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
 
 def accelerate_epochs(rank: int, ws: int, port: int, out: str, args: dict) -> dict:
     """Accelerate without accumulation over two epochs: its DataLoaderShard fetches a batch ahead, so an
-    epoch's last batch is handed out without a fetch."""
+    epoch's last batch is handed out without a fetch; the training loader shuffles (a new epoch's first
+    hand-out broadcasts the RNG state), and an evaluation over the training set, sequential, follows each
+    epoch (a gather a batch)."""
     from accelerate import Accelerator
 
     _instrument(out, "accelerate-epochs")
     accelerator = Accelerator(cpu=True)
     model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 1))
     opt = torch.optim.SGD(model.parameters(), lr=1e-3)
-    model, opt, loader = accelerator.prepare(model, opt, torch.utils.data.DataLoader(_data(0), batch_size=BATCH))
+    data = _data(0)
+    train = torch.utils.data.DataLoader(data, batch_size=BATCH, shuffle=True)
+    evaluation = torch.utils.data.DataLoader(data, batch_size=BATCH)
+    model, opt, loader, evaluation = accelerator.prepare(model, opt, train, evaluation)
     steps = 0
     for _ in range(2):
         for x, y in loader:
@@ -175,6 +180,9 @@ def accelerate_epochs(rank: int, ws: int, port: int, out: str, args: dict) -> di
             opt.step()
             opt.zero_grad()
             steps += 1
+        with torch.no_grad():
+            for x, _y in evaluation:
+                accelerator.gather(model(x))
     otel_torchdist.uninstrument()
     accelerator.end_training()
     if dist.is_initialized():

@@ -95,7 +95,9 @@ def test_lightnings_logged_syncs_are_no_models_forward(loop):
 
 def test_accelerates_loader_that_fetches_ahead_gives_a_step_per_optimizer_step(tmp_path):
     """DataLoaderShard reads its loader a batch ahead and hands out an epoch's last batch without a fetch:
-    that iteration was counted in the step before it (6 steps for 8 optimizer steps over two epochs)."""
+    that iteration was counted in the step before it (6 steps for 8 optimizer steps over two epochs). A
+    hand-out's own collectives (a shuffled epoch's RNG broadcast) stay inside the step they are in, and an
+    evaluation over the training set (BatchSamplerShard on both loaders) is in no training step."""
     if importlib.util.find_spec("accelerate") is None:
         pytest.skip("accelerate is not installed (pip install -e '.[frameworks]')")
     results = run_ranks("scenarios_frameworks:accelerate_epochs", 2, str(tmp_path), {}, timeout=280)
@@ -108,5 +110,7 @@ def test_accelerates_loader_that_fetches_ahead_gives_a_step_per_optimizer_step(t
         steps = {s["spanId"] for s in spans if s["name"] == n.SPAN_RANK_STEP}
         per_step = [sum(1 for s in spans if s.get("parentSpanId") == step and s["name"] == n.SPAN_OPTIMIZER_STEP) for step in steps]
         assert per_step.count(1) == results[rank]["optimizer_steps"], per_step
+        gathered = [s for s in spans if s["name"] == "all_gather"]  # accelerator.gather on gloo
+        assert gathered and not [s for s in gathered if s.get("parentSpanId") in steps]
         every += spans
     assert trace_layout_problems(every) == []

@@ -97,15 +97,18 @@ def _wrap_iter(original: Any) -> Any:
                     return
                 finally:
                     _tls.inside = False
+                t1 = perf_counter_ns()
                 if fetch is not None:
                     if key is None:  # known as its inner loader would be (steps.loader_key)
                         key = _Batches(getattr(self, "_index_sampler", None), getattr(self, "dataset", None))
                     try:
-                        fetch(t0, key)
+                        # at the batch in hand: the hand-out's own collectives (the epoch's RNG broadcast, a
+                        # dispatcher's batch broadcast) were issued in the step still open, and stay inside it
+                        fetch(t1, key)
                     except Exception as exc:
                         health.error("steps", "could not end a training step at a batch fetch", exc)
                 if TIMED[0]:
-                    WAITS.append(perf_counter_ns() - t0)
+                    WAITS.append(t1 - t0)
                 yield batch
         finally:
             batches.close()  # a loop left early closes the loader's generator, as iterating it directly does
