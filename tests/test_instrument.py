@@ -205,3 +205,29 @@ def test_the_torch_range_takes_nvidia_containers_builds():
     accepts = Requirement(spec).specifier
     assert all(accepts.contains(v, prereleases=True) for v in ("2.6.0a0+ecf3bae40a", "2.6.0", "2.13.0", "2.14.0.dev20261101"))
     assert not any(accepts.contains(v, prereleases=True) for v in ("2.5.1", "2.5.0a0+872d972e41"))
+
+
+UNSEEN = """
+import torch
+from torch.distributed import all_reduce, init_process_group
+import torch.distributed as dist
+import otel_torchdist
+otel_torchdist.instrument(run_dir=__import__("sys").argv[1], metrics_exporter=("file",), prometheus_port=0)
+init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+all_reduce(torch.ones(2))  # torch's own function: bound before instrument()
+if __import__("sys").argv[2] == "destroy":
+    dist.destroy_process_group()
+"""
+
+
+@pytest.mark.parametrize("end", ["exit", "destroy"])
+def test_a_process_group_no_collective_went_through_is_said_at_the_end(tmp_path, end):
+    """Functions imported by name before instrument() are torch's own: the job ended with no run folder and
+    no summary, and nothing said why."""
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", UNSEEN, str(tmp_path), end], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    said = [line for line in done.stderr.splitlines() if "no collective went through otel-torchdist" in line]
+    assert len(said) == 1 and "import it after instrument()" in said[0], done.stderr[-3000:]

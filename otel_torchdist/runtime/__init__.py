@@ -200,6 +200,20 @@ class Runtime:
             if dist.is_initialized():
                 self.on_process_group()
 
+    def _unseen(self) -> None:
+        """A process group exists, and not one collective went through the instrumentation: say so once, and
+        the likely cause, rather than end with no run folder and no summary."""
+        if self.identity is not None:
+            return
+        import torch.distributed as dist
+
+        if dist.is_available() and dist.is_initialized():
+            health.warn_once(
+                "unseen", "a process group exists but no collective went through otel-torchdist. A collective "
+                "function the program imported by name before instrument() (from torch.distributed import "
+                "all_reduce) is torch's own: call it as dist.all_reduce, or import it after instrument()",
+            )  # fmt: skip
+
     def _set_identity(self, ident: Identity) -> None:
         self.identity = ident
         self.components = make_components(self.cfg)
@@ -246,6 +260,7 @@ class Runtime:
         from torch.distributed import distributed_c10d as cd
 
         if group is None or group is cd._world.default_pg:
+            self._unseen()
             self.ranks.leave_store(self.end_budget())  # its threads talk to the store being destroyed
             self.flush(self.end_budget())
 
@@ -341,6 +356,7 @@ class Runtime:
         nccl.flush_pending(min(1.0, self.end_budget()))
         for rec in ddp_native.abandon(self.steps):
             record.complete(rec, n.END_UNFINISHED)
+        self._unseen()
         # No process group ever: nothing was captured (collectives need one). A helper process of the job (a
         # launcher's, multiprocessing's resource tracker, a spawned DataLoader worker, all instrumented by
         # opentelemetry-instrument's sitecustomize) writes no run folder and prints no summary.
