@@ -51,16 +51,22 @@ def _wrap_next(original: Any) -> Any:
             data = original(self)
         finally:
             _tls.inside = False
-        if fetch is not None:  # a batch (not the end of the epoch): from t0 on, the next iteration's
-            try:
-                fetch(t0, self)
-            except Exception as exc:
-                health.error("steps", "could not end a training step at a batch fetch", exc)
-        if TIMED[0]:
-            WAITS.append(perf_counter_ns() - t0)
+        _took(fetch, t0, self, t0)  # a batch (not the end of the epoch): from t0 on, the next iteration's
         return data
 
     return __next__
+
+
+def _took(fetch: Callable[[int, Any], None] | None, at: int, source: Any, t0: int) -> None:
+    """A batch was handed out: tell the step tracker (the next iteration runs from ``at``) and time the wait
+    that began at ``t0``."""
+    if fetch is not None:
+        try:
+            fetch(at, source)
+        except Exception as exc:
+            health.error("steps", "could not end a training step at a batch fetch", exc)
+    if TIMED[0]:
+        WAITS.append(perf_counter_ns() - t0)
 
 
 def patches() -> list[Patch]:
@@ -97,18 +103,11 @@ def _wrap_iter(original: Any) -> Any:
                     return
                 finally:
                     _tls.inside = False
-                t1 = perf_counter_ns()
-                if fetch is not None:
-                    if key is None:  # known as its inner loader would be (steps.loader_key)
-                        key = _Batches(getattr(self, "_index_sampler", None), getattr(self, "dataset", None))
-                    try:
-                        # at the batch in hand: the hand-out's own collectives (the epoch's RNG broadcast, a
-                        # dispatcher's batch broadcast) were issued in the step still open, and stay inside it
-                        fetch(t1, key)
-                    except Exception as exc:
-                        health.error("steps", "could not end a training step at a batch fetch", exc)
-                if TIMED[0]:
-                    WAITS.append(t1 - t0)
+                if key is None:  # known as its inner loader would be (steps.loader_key)
+                    key = _Batches(getattr(self, "_index_sampler", None), getattr(self, "dataset", None))
+                # at the batch in hand: the hand-out's own collectives (the epoch's RNG broadcast, a
+                # dispatcher's batch broadcast) were issued in the step still open, and stay inside it
+                _took(fetch, perf_counter_ns(), key, t0)
                 yield batch
         finally:
             batches.close()  # a loop left early closes the loader's generator, as iterating it directly does
@@ -127,4 +126,5 @@ class _Batches:
 def accelerate_patches() -> list[Patch]:
     from accelerate import data_loader
 
-    return [Patch(getattr(data_loader, name), "__iter__", _wrap_iter) for name in ("DataLoaderShard", "DataLoaderDispatcher") if hasattr(data_loader, name)]
+    loaders = [getattr(data_loader, name) for name in ("DataLoaderShard", "DataLoaderDispatcher") if hasattr(data_loader, name)]
+    return [Patch(loader, "__iter__", _wrap_iter) for loader in loaders]

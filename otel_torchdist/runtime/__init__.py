@@ -194,20 +194,21 @@ class Runtime:
         """A group is met: the process group exists, though this runtime may not have seen it made (the
         program bound init_process_group before instrument(); init_device_mesh binds its own): all its
         telemetry waited in the queue, and was lost at exit."""
-        if self.identity is None and not self._closed:
-            import torch.distributed as dist
+        if not self._closed and self._group_unknown():
+            self.on_process_group()
 
-            if dist.is_initialized():
-                self.on_process_group()
+    def _group_unknown(self) -> bool:
+        """A process group exists that this runtime has not learnt of."""
+        if self.identity is not None:
+            return False
+        import torch.distributed as dist
+
+        return dist.is_available() and dist.is_initialized()
 
     def _unseen(self) -> None:
         """A process group exists, and not one collective went through the instrumentation: say so once, and
         the likely cause, rather than end with no run folder and no summary."""
-        if self.identity is not None:
-            return
-        import torch.distributed as dist
-
-        if dist.is_available() and dist.is_initialized():
+        if self._group_unknown():
             health.warn_once(
                 "unseen", "a process group exists but no collective went through otel-torchdist. A collective "
                 "function the program imported by name before instrument() (from torch.distributed import "
@@ -276,9 +277,9 @@ class Runtime:
     def flush(self, timeout: float | None = None) -> bool:
         if timeout is None:
             timeout = self.cfg.flush_timeout
-            with self._lock:
-                if self._end_by is not None:  # the process is ending (end_budget): a flush of yours is one more
-                    timeout = min(timeout, max(0.0, self._end_by - time.monotonic()))
+            with self._lock:  # reentrant: end_budget() takes it too
+                if self._end_by is not None:  # the process is ending: a flush of yours is one more of its flushes
+                    timeout = min(timeout, self.end_budget())
         return self.pipeline.flush(timeout)
 
     def closing_here(self) -> bool:

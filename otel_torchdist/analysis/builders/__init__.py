@@ -556,6 +556,7 @@ def _plus(a, b):
         return b
     return a + b
 
+
 def _ranks_word(ranks: set[int]) -> str:
     return f"rank{'s' if len(ranks) > 1 else ''} {fmt_ranks(sorted(ranks))}"
 
